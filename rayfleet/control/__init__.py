@@ -1,0 +1,1 @@
+"""Control plane: replicas on Ray Serve, the registry, up/status/down."""

@@ -1,0 +1,258 @@
+"""One vLLM OpenAI-compatible server, run as a child process.
+
+``EngineProcess`` is the piece every replica (and every test that needs a real
+engine) uses:
+
+    engine = EngineProcess(model="/models/tiny", served_name="tiny",
+                           engine_args={"enforce_eager": True})
+    engine.start()            # picks a free port, spawns the server
+    engine.wait_healthy()     # polls GET /health; raises EngineFailed with the log tail
+    engine.url                # "http://127.0.0.1:PORT"
+    engine.stop()             # SIGTERM to the process group, SIGKILL after a grace period
+
+The server is started as it would be by hand: niceness reset to 0 and
+``OMP_NUM_THREADS`` removed (a Ray worker has 15 and 1, which cost a fifth of the
+throughput), in a session of its own so that stopping it also stops the engine
+core processes vLLM spawns. Output goes to a log file whose tail is reported when
+the server fails to start.
+
+``engine_argv`` turns fleet.yaml ``engine_args`` into vLLM's command line:
+``{"max_model_len": 512, "enforce_eager": True}`` becomes
+``--max-model-len 512 --enforce-eager``. Values pass through unchanged; vLLM's
+own parser judges them (see ``check_engine_args``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Mapping
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+_LOG_TAIL_BYTES = 4000
+
+
+class EngineFailed(RuntimeError):
+    """The vLLM server exited or did not become healthy in time."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS reports free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def engine_argv(engine_args: Mapping[str, Any]) -> list[str]:
+    """fleet.yaml ``engine_args`` as vLLM command-line flags, in order."""
+    argv: list[str] = []
+    for key, value in engine_args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False:
+            argv.append("--no-" + key.replace("_", "-"))
+        elif value is None:
+            continue
+        elif isinstance(value, (dict, list)):
+            argv += [flag, json.dumps(value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def server_argv(
+    model: str, served_name: str, engine_args: Mapping[str, Any], host: str, port: int
+) -> list[str]:
+    """The full command that starts vLLM's OpenAI server for one model."""
+    return [
+        sys.executable,
+        "-m",
+        SERVER_MODULE,
+        "--model",
+        model,
+        "--served-model-name",
+        served_name,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *engine_argv(engine_args),
+    ]
+
+
+def _engine_env(extra: Mapping[str, str] | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("OMP_NUM_THREADS", None)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    if extra:
+        env.update(extra)
+    return env
+
+
+def _reset_priority() -> None:
+    # Runs in the child between fork and exec.
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM the server if the process that started it dies."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+class EngineProcess:
+    """A vLLM OpenAI server child process for one model."""
+
+    def __init__(
+        self,
+        model: str,
+        served_name: str,
+        engine_args: Mapping[str, Any] | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        env: Mapping[str, str] | None = None,
+        log_path: Path | None = None,
+    ):
+        self.model = model
+        self.served_name = served_name
+        self.engine_args = dict(engine_args or {})
+        self.host = host
+        self.port = port
+        self.env = dict(env or {})
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def argv(self) -> list[str]:
+        return server_argv(self.model, self.served_name, self.engine_args, self.host, self.port)
+
+    def start(self) -> "EngineProcess":
+        if self.port is None:
+            self.port = free_port(self.host)
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix=f"vllm-{self.served_name}-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                self.argv(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=_engine_env(self.env),
+                start_new_session=True,
+                preexec_fn=_reset_priority,
+            )
+        finally:
+            log.close()
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def healthy(self, timeout_s: float = 5.0) -> bool:
+        """True when the process runs and ``GET /health`` answers 200."""
+        if not self.alive():
+            return False
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=timeout_s) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_healthy(self, timeout_s: float = 600.0, poll_s: float = 0.5) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                code = self.proc.returncode if self.proc else None
+                raise EngineFailed(
+                    f"vLLM server for {self.served_name!r} exited with code {code} "
+                    f"before it was healthy; last lines of {self.log_path}:\n{self.log_tail()}"
+                )
+            if self.healthy(timeout_s=2.0):
+                return
+            time.sleep(poll_s)
+        raise EngineFailed(
+            f"vLLM server for {self.served_name!r} not healthy after {timeout_s:.0f}s; "
+            f"last lines of {self.log_path}:\n{self.log_tail()}"
+        )
+
+    def log_tail(self, num_bytes: int = _LOG_TAIL_BYTES) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - num_bytes))
+            return f.read().decode(errors="replace")
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """Stop the server and every process in its session."""
+        if self.proc is None:
+            return
+        kill_process_group(self.proc.pid, grace_s=grace_s)
+        with contextlib.suppress(Exception):
+            self.proc.wait(timeout=1)
+
+    def __enter__(self) -> "EngineProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def kill_process_group(pgid: int, grace_s: float = 15.0) -> None:
+    """SIGTERM a process group, then SIGKILL what is left after ``grace_s``."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _group_alive(pgid):
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    # Zombies still count for killpg(0); reap ours and look again.
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-pgid, os.WNOHANG)[0]:
+            pass
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
