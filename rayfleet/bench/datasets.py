@@ -1,0 +1,214 @@
+"""Prompts for a benchmark, made offline and seeded so runs repeat.
+
+Four datasets:
+- ``random``: random token ids decoded to text, with given input and output lengths.
+- ``prefix``: K shared system prompts of a given length, each followed by a random
+  suffix (the prefix-cache case).
+- ``mixed``: mostly short prompts with a share of long ones (head-of-line blocking).
+- ``jsonl``: the user's own prompts, one JSON object a line.
+
+Token counts are exact for the given tokenizer; the server's own count (from ``usage``)
+replaces them in the results when it reports one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from rayfleet.errors import RayfleetError
+
+DATASET_NAMES = ("random", "prefix", "mixed", "jsonl")
+
+
+class Tokenizer(Protocol):
+    """What the datasets need from a Hugging Face tokenizer."""
+
+    vocab_size: int
+    all_special_ids: list[int]
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One request to send: text, its length in tokens, and how many tokens to ask for."""
+
+    text: str
+    num_input_tokens: int
+    num_output_tokens: int
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Which dataset to make and its shape (flag names follow vLLM's benchmark)."""
+
+    name: str = "random"
+    num_prompts: int = 1000
+    random_input_len: int = 1024
+    random_output_len: int = 128
+    random_range_ratio: float = 0.0
+    prefix_len: int = 256
+    suffix_len: int = 64
+    num_prefixes: int = 4
+    mixed_long_input_len: int = 2048
+    mixed_long_fraction: float = 0.1
+    dataset_path: Path | None = None
+    seed: int = 0
+
+
+def load_tokenizer(name_or_path: str) -> Tokenizer:
+    """A Hugging Face tokenizer from a local directory or a hub name (imported lazily)."""
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except Exception as exc:  # transformers raises many kinds; all mean "not loadable"
+        raise RayfleetError(
+            f"--tokenizer: cannot load a tokenizer from {name_or_path!r} "
+            f"({type(exc).__name__}); pass --tokenizer DIR, a local model or tokenizer directory"
+        ) from None
+
+
+def make_prompts(spec: DatasetSpec, tokenizer: Tokenizer | None) -> list[Prompt]:
+    """The prompts of ``spec``, in send order."""
+    if spec.num_prompts < 1:
+        raise RayfleetError("--num-prompts must be at least 1")
+    if spec.name == "jsonl":
+        return jsonl_prompts(spec, tokenizer)
+    if spec.name not in DATASET_NAMES:
+        raise RayfleetError(
+            f"--dataset-name {spec.name!r} is unknown; use one of {', '.join(DATASET_NAMES)}"
+        )
+    if tokenizer is None:
+        raise RayfleetError(
+            f"--dataset-name {spec.name} makes prompts of exact token lengths and needs a "
+            "tokenizer; pass --tokenizer DIR"
+        )
+    rng = np.random.default_rng(spec.seed)
+    if spec.name == "random":
+        return random_prompts(spec, tokenizer, rng)
+    if spec.name == "prefix":
+        return prefix_prompts(spec, tokenizer, rng)
+    return mixed_prompts(spec, tokenizer, rng)
+
+
+def random_prompts(spec: DatasetSpec, tokenizer: Tokenizer, rng: np.random.Generator) -> list[Prompt]:
+    input_lens = _lengths(spec.random_input_len, spec.random_range_ratio, spec.num_prompts, rng)
+    output_lens = _lengths(spec.random_output_len, spec.random_range_ratio, spec.num_prompts, rng)
+    return [
+        Prompt(random_text(tokenizer, n_in, rng), n_in, n_out)
+        for n_in, n_out in zip(input_lens, output_lens)
+    ]
+
+
+def prefix_prompts(spec: DatasetSpec, tokenizer: Tokenizer, rng: np.random.Generator) -> list[Prompt]:
+    if spec.num_prefixes < 1:
+        raise RayfleetError("--prefix-repetition-num-prefixes must be at least 1")
+    prefixes = [random_text(tokenizer, spec.prefix_len, rng) for _ in range(spec.num_prefixes)]
+    prompts = []
+    for i in range(spec.num_prompts):
+        prefix = prefixes[i % spec.num_prefixes]
+        suffix = random_text(tokenizer, spec.suffix_len, rng)
+        text = prefix + " " + suffix
+        prompts.append(Prompt(text, count_tokens(tokenizer, text), spec.random_output_len))
+    order = rng.permutation(len(prompts))
+    return [prompts[i] for i in order]
+
+
+def mixed_prompts(spec: DatasetSpec, tokenizer: Tokenizer, rng: np.random.Generator) -> list[Prompt]:
+    if not 0.0 <= spec.mixed_long_fraction <= 1.0:
+        raise RayfleetError("--mixed-long-fraction must be between 0 and 1, e.g. 0.1")
+    is_long = rng.random(spec.num_prompts) < spec.mixed_long_fraction
+    prompts = []
+    for long in is_long:
+        num_tokens = spec.mixed_long_input_len if long else spec.random_input_len
+        prompts.append(Prompt(random_text(tokenizer, num_tokens, rng), num_tokens, spec.random_output_len))
+    return prompts
+
+
+def jsonl_prompts(spec: DatasetSpec, tokenizer: Tokenizer | None) -> list[Prompt]:
+    """Prompts from a JSONL file: ``{"prompt": "...", "max_tokens": 64}`` a line.
+
+    ``max_tokens`` is optional (default ``--random-output-len``); the file is cycled
+    until ``--num-prompts`` prompts are made.
+    """
+    if spec.dataset_path is None:
+        raise RayfleetError("--dataset-name jsonl needs --dataset-path FILE.jsonl")
+    rows = [_jsonl_row(spec.dataset_path, n, line) for n, line in _jsonl_lines(spec.dataset_path)]
+    if not rows:
+        raise RayfleetError(f"--dataset-path {spec.dataset_path} has no prompts; add lines like "
+                            '{"prompt": "Hello"}')
+    prompts = []
+    for i in range(spec.num_prompts):
+        text, max_tokens = rows[i % len(rows)]
+        num_input = count_tokens(tokenizer, text) if tokenizer is not None else 0
+        prompts.append(Prompt(text, num_input, max_tokens or spec.random_output_len))
+    return prompts
+
+
+def random_text(tokenizer: Tokenizer, num_tokens: int, rng: np.random.Generator) -> str:
+    """Text that encodes to exactly ``num_tokens`` tokens (close to it if merges forbid)."""
+    if num_tokens < 1:
+        raise RayfleetError("input lengths must be at least 1 token; raise --random-input-len")
+    allowed = _ordinary_token_ids(tokenizer)
+    ids = list(rng.choice(allowed, size=num_tokens))
+    text = tokenizer.decode(ids)
+    for _ in range(8):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) == num_tokens:
+            return text
+        if len(ids) > num_tokens:
+            ids = ids[:num_tokens]
+        else:
+            ids = ids + list(rng.choice(allowed, size=num_tokens - len(ids)))
+        text = tokenizer.decode(ids)
+    return text
+
+
+def count_tokens(tokenizer: Tokenizer, text: str) -> int:
+    return len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _ordinary_token_ids(tokenizer: Tokenizer) -> np.ndarray:
+    special = set(tokenizer.all_special_ids)
+    return np.array([i for i in range(tokenizer.vocab_size) if i not in special])
+
+
+def _lengths(mean: int, range_ratio: float, count: int, rng: np.random.Generator) -> list[int]:
+    if mean < 1:
+        raise RayfleetError(f"lengths must be at least 1 token, got {mean}; raise the length flag")
+    if not 0.0 <= range_ratio < 1.0:
+        raise RayfleetError("--random-range-ratio must be in [0, 1), e.g. 0.2")
+    low = max(1, int(mean * (1 - range_ratio)))
+    high = max(low, int(mean * (1 + range_ratio)))
+    return [int(x) for x in rng.integers(low, high + 1, size=count)]
+
+
+def _jsonl_lines(path: Path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, start=1):
+                if line.strip():
+                    yield number, line
+    except OSError as exc:
+        raise RayfleetError(f"--dataset-path: cannot read {path} ({exc.strerror})") from None
+
+
+def _jsonl_row(path: Path, number: int, line: str) -> tuple[str, int | None]:
+    try:
+        row: Any = json.loads(line)
+    except json.JSONDecodeError:
+        raise RayfleetError(f"--dataset-path {path}:{number} is not JSON; write one object a line") from None
+    if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+        raise RayfleetError(f'--dataset-path {path}:{number} needs a "prompt" string')
+    max_tokens = row.get("max_tokens")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        raise RayfleetError(f'--dataset-path {path}:{number}: "max_tokens" must be a positive integer')
+    return row["prompt"], max_tokens

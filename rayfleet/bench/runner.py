@@ -1,0 +1,237 @@
+"""Run one load: send every prompt on its schedule, in one process or several.
+
+One process drives the requests from one event loop (uvloop when installed). When one
+core is not enough, ``num_processes`` worker processes each take every N-th request of
+the same global schedule and a share of the concurrency; their results are merged and
+timed on the machine's one monotonic clock.
+
+Ctrl-C (SIGINT) stops sending, cancels requests in flight (they are counted as
+cancelled, not failed) and still returns what finished, so results are written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing as mp
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from rayfleet.bench.client import RequestResult, Target, open_session, request_headers, send_request
+from rayfleet.bench.datasets import Prompt
+from rayfleet.bench.load import LoadShape, arrival_offsets_s, split_for_processes
+
+
+@dataclass
+class Counts:
+    """Live progress: requests done, failed, and output tokens so far."""
+
+    num_done: int = 0
+    num_failed: int = 0
+    num_output_tokens: int = 0
+
+    def add(self, result: RequestResult) -> None:
+        self.num_done += 1
+        if result.ok:
+            self.num_output_tokens += result.num_output_tokens
+        else:
+            self.num_failed += 1
+
+
+@dataclass
+class RunOutput:
+    """The requests of one run and its wall-clock span."""
+
+    results: list[RequestResult] = field(default_factory=list)
+    start_s: float = 0.0
+    end_s: float = 0.0
+    num_cancelled: int = 0
+    interrupted: bool = False
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+def use_uvloop() -> None:
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def run_load(
+    target: Target,
+    prompts: Sequence[Prompt],
+    shape: LoadShape,
+    *,
+    num_processes: int = 1,
+    on_progress: Callable[[Counts], None] | None = None,
+) -> RunOutput:
+    """Send ``prompts`` to ``target`` with ``shape``; blocks until done or Ctrl-C."""
+    offsets_s = arrival_offsets_s(shape, len(prompts))
+    if num_processes <= 1:
+        use_uvloop()
+        return asyncio.run(_run_here(target, prompts, offsets_s, shape.max_concurrency, on_progress))
+    return _run_in_processes(target, prompts, offsets_s, shape, num_processes, on_progress)
+
+
+async def _run_here(target, prompts, offsets_s, max_concurrency, on_progress) -> RunOutput:
+    counts = Counts()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    reporter = asyncio.create_task(_report_every(counts, on_progress)) if on_progress else None
+    try:
+        return await drive(target, prompts, offsets_s, max_concurrency, counts, stop)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        if reporter:
+            reporter.cancel()
+            on_progress(counts)
+
+
+async def _report_every(counts: Counts, on_progress, period_s: float = 0.25) -> None:
+    while True:
+        await asyncio.sleep(period_s)
+        on_progress(counts)
+
+
+async def drive(
+    target: Target,
+    prompts: Sequence[Prompt],
+    offsets_s: np.ndarray,
+    max_concurrency: int | None,
+    counts: Counts,
+    stop: asyncio.Event,
+    start_s: float | None = None,
+) -> RunOutput:
+    """Send each prompt at its offset from ``start_s`` (now if None) with at most
+    ``max_concurrency`` in flight; stop early when ``stop`` is set."""
+    headers = request_headers(target)
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
+    tasks: list[asyncio.Task] = []
+
+    async def one(prompt: Prompt, scheduled_s: float) -> RequestResult:
+        async with limit:
+            result = await send_request(session, target, prompt, headers)
+        result.scheduled_s = scheduled_s
+        counts.add(result)
+        return result
+
+    async def dispatch(run_start_s: float) -> None:
+        for prompt, offset_s in zip(prompts, offsets_s.tolist()):
+            delay_s = run_start_s + offset_s - time.perf_counter()
+            if delay_s > 0:
+                await asyncio.sleep(delay_s)
+            tasks.append(asyncio.create_task(one(prompt, run_start_s + offset_s)))
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async with open_session(max_concurrency) as session:
+        output = RunOutput(start_s=start_s if start_s is not None else time.perf_counter())
+        dispatcher = asyncio.create_task(dispatch(output.start_s))
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({dispatcher, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        output.interrupted = stop.is_set()
+        for task in (dispatcher, stopper, *tasks):
+            task.cancel()
+        await asyncio.gather(dispatcher, stopper, *tasks, return_exceptions=True)
+        output.end_s = time.perf_counter()
+    finished = [t for t in tasks if not t.cancelled()]
+    output.results = [t.result() for t in finished]
+    output.num_cancelled = len(tasks) - len(finished)
+    return output
+
+
+def _run_in_processes(target, prompts, offsets_s, shape, num_processes, on_progress) -> RunOutput:
+    ctx = mp.get_context("spawn")
+    go = ctx.Event()
+    workers = []
+    for index in range(num_processes):
+        share = split_for_processes(shape, num_processes, index)
+        counts = ctx.Array("q", 3, lock=False)
+        receiver, sender = ctx.Pipe(duplex=False)
+        process = ctx.Process(
+            target=_worker_main,
+            args=(target, list(prompts[index::num_processes]), offsets_s[index::num_processes],
+                  share.max_concurrency, counts, go, sender),
+            daemon=True,
+        )
+        process.start()
+        sender.close()
+        workers.append((process, receiver, counts))
+    # Workers handle Ctrl-C themselves (they are in our process group and get it too).
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        go.set()
+        outputs = _collect(workers, on_progress)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return merge_outputs(outputs)
+
+
+def _collect(workers, on_progress) -> list[RunOutput]:
+    outputs: dict[int, RunOutput] = {}
+    while len(outputs) < len(workers):
+        for index, (process, receiver, _) in enumerate(workers):
+            if index not in outputs and receiver.poll(0.05):
+                outputs[index] = receiver.recv()
+                process.join()
+        if on_progress:
+            on_progress(_sum_counts(workers))
+    return list(outputs.values())
+
+
+def _sum_counts(workers) -> Counts:
+    total = Counts()
+    for _, _, counts in workers:
+        total.num_done += counts[0]
+        total.num_failed += counts[1]
+        total.num_output_tokens += counts[2]
+    return total
+
+
+def merge_outputs(outputs: Sequence[RunOutput]) -> RunOutput:
+    """One run from the runs of several processes, spanning them all."""
+    merged = RunOutput(
+        start_s=min(o.start_s for o in outputs),
+        end_s=max(o.end_s for o in outputs),
+        num_cancelled=sum(o.num_cancelled for o in outputs),
+        interrupted=any(o.interrupted for o in outputs),
+    )
+    for output in outputs:
+        merged.results.extend(output.results)
+    merged.results.sort(key=lambda r: r.scheduled_s)
+    return merged
+
+
+class _SharedCounts(Counts):
+    """Counts mirrored into shared memory that the parent reads for the progress bar."""
+
+    def __init__(self, shared) -> None:
+        super().__init__()
+        self.shared = shared
+
+    def add(self, result: RequestResult) -> None:
+        super().add(result)
+        self.shared[0], self.shared[1], self.shared[2] = (
+            self.num_done, self.num_failed, self.num_output_tokens)
+
+
+def _worker_main(target, prompts, offsets_s, max_concurrency, shared, go, sender) -> None:
+    use_uvloop()
+    go.wait()
+    output = asyncio.run(_worker_run(target, prompts, offsets_s, max_concurrency, shared))
+    sender.send(output)
+    sender.close()
+
+
+async def _worker_run(target, prompts, offsets_s, max_concurrency, shared) -> RunOutput:
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
+    return await drive(target, prompts, offsets_s, max_concurrency, _SharedCounts(shared), stop)
