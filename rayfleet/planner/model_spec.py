@@ -93,6 +93,8 @@ class ModelSpec:
     weight_format: str  # linear layers: a DTYPE_BYTES key
     quant_group_size: int  # weights per scale for int4 formats
     max_context: int
+    online_quantization: str | None = None  # vLLM --quantization to quantize at load time
+    dtype_override: str | None = None  # vLLM --dtype when it differs from the config's
 
     @property
     def num_moe_layers(self) -> int:
@@ -230,6 +232,10 @@ def spec_from_config(
         weight_format=weight_format,
         quant_group_size=group_size,
         max_context=fields.int("max_position_embeddings", "n_positions", "max_seq_len"),
+        online_quantization=(
+            "fp8" if weight_format == "fp8" and not config.get("quantization_config") else None
+        ),
+        dtype_override=base_dtype if dtype and dtype != "auto" else None,
     )
 
 

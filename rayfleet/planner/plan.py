@@ -88,10 +88,10 @@ def _layout_dict(layout: Layout) -> dict:
         "nodes_per_replica": layout.nodes_per_replica,
         "gpus_per_replica": layout.gpus_per_replica,
         "needs_ray": layout.needs_ray,
-        "weights_gib_per_gpu": round(layout.weights_gib_per_gpu, 3),
-        "kv_cache_gib_per_gpu": round(layout.kv_cache_gib_per_gpu, 3),
-        "activation_gib_per_gpu": round(layout.activation_gib_per_gpu, 3),
-        "overhead_gib_per_gpu": round(layout.overhead_gib_per_gpu, 3),
+        "weights_gib_per_gpu": round(layout.weights_gib_per_gpu, 6),
+        "kv_cache_gib_per_gpu": round(layout.kv_cache_gib_per_gpu, 6),
+        "activation_gib_per_gpu": round(layout.activation_gib_per_gpu, 6),
+        "overhead_gib_per_gpu": round(layout.overhead_gib_per_gpu, 6),
         "kv_tokens_per_replica": layout.kv_tokens_per_replica,
         "max_concurrent_seqs": layout.max_concurrent_seqs,
         "comm_us_per_token": round(layout.comm_us_per_token, 3),
@@ -130,7 +130,7 @@ def _model_dict(spec: ModelSpec) -> dict:
         "dtype": spec.dtype,
         "weight_format": spec.weight_format,
         "max_context": spec.max_context,
-        "weights_gib": round(total_weight_bytes(spec) / GiB, 3),
+        "weights_gib": round(total_weight_bytes(spec) / GiB, 6),
         "kv_bytes_per_token": kv_bytes_per_token(spec),
     }
 
@@ -281,18 +281,25 @@ def layout_reason(plan: Plan, layout: Layout) -> str:
 
 
 def smaller_shape_reasons(plan: Plan, layout: Layout, layouts: list[Layout]) -> list[str]:
-    """Why not fewer GPUs per replica: the largest smaller shape and what it lacked."""
+    """Why not fewer GPUs per replica: the largest smaller shape with no more pipeline
+    stages, and what it lacked."""
     if layout.gpus_per_replica == 1:
         return ["one GPU holds a whole replica: no tensor or pipeline parallelism needed"]
-    smaller = [c for c in layouts if c.gpus_per_replica < layout.gpus_per_replica]
+    smaller = [
+        c
+        for c in layouts
+        if c.gpus_per_replica < layout.gpus_per_replica
+        and c.pipeline_parallel <= layout.pipeline_parallel
+    ]
     if not smaller:
         return []
     best = max(smaller, key=lambda c: (c.gpus_per_replica, c.kv_tokens_per_replica))
     shape = f"TP={best.tensor_parallel} x PP={best.pipeline_parallel}"
     if best.fits:
+        total = best.replicas * best.max_concurrent_seqs
         return [
-            f"{shape} also fits ({best.max_concurrent_seqs} sequences per replica) but "
-            f"meets the target load less well; it is listed among the alternatives"
+            f"{shape} also fits but holds {total} concurrent sequences in all "
+            f"({best.replicas} replica(s) x {best.max_concurrent_seqs}), under the target"
         ]
     if best.kv_cache_gib_per_gpu <= 0:
         return [
