@@ -1,0 +1,258 @@
+"""Run a fleet in this process: Ray, one Serve application per model, the gateway.
+
+``serve_fleet(config)`` is what ``rayfleet up`` calls; it returns when the fleet has
+been stopped (SIGINT or SIGTERM) and everything it started is gone::
+
+    connect_ray          embedded local Ray, or join 'auto' / 'ray://...'
+    deploy               Serve without its HTTP proxy (the gateway is the ingress),
+                         the FleetRegistry, then every model's application at once
+    gateway              aiohttp on config.gateway.host:port, polling the registry
+    wait_until_ready     progress per model until each has all its replicas, or a
+                         clear error when Serve reports a deployment failed
+    ... serve until a signal ...
+    shutdown             gateway, Serve (replicas stop their vLLM servers), then any
+                         vLLM process group still alive, then Ray
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from rayfleet._home import rayfleet_home
+from rayfleet.config import FleetConfig
+from rayfleet.control.engine import kill_process_group
+from rayfleet.control.state import RunState, clear_state
+from rayfleet.errors import RayfleetError
+
+log = logging.getLogger("rayfleet.fleet")
+
+Say = Callable[[str], None]
+
+
+def connect_ray(config: FleetConfig) -> str:
+    """Start or join Ray; returns the address used."""
+    import ray
+
+    from rayfleet.control.registry import NAMESPACE
+
+    common = dict(namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
+    address = config.cluster.address
+    try:
+        if address == "local":
+            needed = sum(m.num_cpus * m.replicas for m in config.models)
+            num_cpus = config.cluster.num_cpus or max(os.cpu_count() or 1, math.ceil(needed) + 2)
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **common)
+        else:
+            ray.init(address=address, **common)
+    except ConnectionError as exc:
+        raise RayfleetError(
+            f"cannot reach the Ray cluster at '{address}' ({exc}); start it with `ray start "
+            "--head` or set cluster.address to 'local'"
+        ) from None
+    return address
+
+
+def deploy(config: FleetConfig, log_dir: Path):
+    """Deploy every model; returns the registry handle, which the caller must keep alive."""
+    from ray import serve
+    from ray.serve.api import RunTarget
+
+    from rayfleet.control.registry import get_or_create_registry
+    from rayfleet.control.replica import build_application
+
+    serve.start(proxy_location="Disabled")
+    registry = get_or_create_registry()
+    advertise = "127.0.0.1" if config.cluster.address == "local" else None
+    targets = [
+        RunTarget(
+            build_application(m, advertise_host=advertise, log_dir=log_dir),
+            name=m.name,
+            route_prefix=None,
+        )
+        for m in config.models
+    ]
+    serve.run_many(
+        targets, wait_for_ingress_deployment_creation=False, wait_for_applications_running=False
+    )
+    return registry
+
+
+def failed_deployments(config: FleetConfig) -> dict[str, str]:
+    """Models whose Serve application failed to deploy, with Serve's message."""
+    from ray import serve
+
+    apps = serve.status().applications
+    failed = {}
+    for model in config.models:
+        app = apps.get(model.name)
+        if app is not None and app.status == "DEPLOY_FAILED":
+            details = [d.message for d in app.deployments.values() if d.message]
+            failed[model.name] = "\n".join([app.message, *details])
+    return failed
+
+
+async def registry_entries() -> list[dict]:
+    from rayfleet.control.registry import get_registry
+
+    return await get_registry().entries.remote()
+
+
+async def cluster_status() -> dict:
+    """Nodes and Serve application states, for GET /rayfleet/status."""
+    import ray
+    from ray import serve
+
+    def collect() -> dict:
+        nodes = [
+            {
+                "node_id": n["NodeID"],
+                "ip": n["NodeManagerAddress"],
+                "alive": n["Alive"],
+                "cpus": n.get("Resources", {}).get("CPU", 0),
+                "gpus": n.get("Resources", {}).get("GPU", 0),
+            }
+            for n in ray.nodes()
+        ]
+        apps = {
+            name: {"status": getattr(app.status, "value", str(app.status)), "message": app.message}
+            for name, app in serve.status().applications.items()
+        }
+        return {"nodes": nodes, "applications": apps}
+
+    return await asyncio.to_thread(collect)
+
+
+class FleetProcess:
+    """The fleet as run by ``rayfleet up``: owns Ray, Serve, the gateway and the state file."""
+
+    def __init__(self, config: FleetConfig, *, say: Say = print):
+        self.config = config
+        self.say = say
+        self.log_dir = rayfleet_home() / "logs" / time.strftime("%Y%m%d-%H%M%S")
+        host, port = config.gateway.host, config.gateway.port
+        self.state = RunState(
+            pid=os.getpid(),
+            gateway_url=f"http://{host}:{port}",
+            ray_address=config.cluster.address,
+            models=[m.name for m in config.models],
+            log_dir=str(self.log_dir),
+            started_at=time.time(),
+        )
+        self.engine_pids: set[int] = set()
+        self.registry = None  # the handle keeps the registry actor alive
+
+    def run(self) -> None:
+        """Serve until SIGINT or SIGTERM; always clean up."""
+        try:
+            import uvloop
+
+            uvloop.run(self._main())
+        except ImportError:
+            asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        from rayfleet.gateway.app import Gateway, start_gateway
+
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        self.state.save()
+        runner = None
+        try:
+            self.say(f"starting Ray ({self.config.cluster.address})")
+            await asyncio.to_thread(connect_ray, self.config)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            self.say(f"deploying {len(self.config.models)} model(s); vLLM logs in {self.log_dir}")
+            self.registry = await asyncio.to_thread(deploy, self.config, self.log_dir)
+            gateway = Gateway(
+                [m.name for m in self.config.models],
+                self._entries,
+                connect_timeout_s=self.config.gateway.connect_timeout_s,
+                request_timeout_s=self.config.gateway.request_timeout_s,
+                status_extra=cluster_status,
+            )
+            runner = await start_gateway(gateway, self.config.gateway.host, self.config.gateway.port)
+            ready = asyncio.create_task(self._wait_until_ready(gateway))
+            stopped = asyncio.create_task(stop.wait())
+            done, _ = await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if ready in done:
+                ready.result()  # raises if a deployment failed
+                self.state.phase = "ready"
+                self.state.save()
+                self._banner()
+                await stop.wait()
+            else:
+                ready.cancel()
+            self.say("stopping the fleet")
+        except RayfleetError as exc:
+            self.state.phase = "failed"
+            self.state.error = str(exc)
+            self.state.save()
+            raise
+        finally:
+            self.state.phase = "stopping"
+            self.state.save()
+            if runner is not None:
+                await runner.cleanup()
+            await asyncio.to_thread(self._shutdown)
+            clear_state()
+
+    async def _entries(self) -> list[dict]:
+        entries = await registry_entries()
+        pids = {e["pid"] for e in entries if e.get("pid")}
+        if not pids <= self.engine_pids:
+            self.engine_pids |= pids
+            self.state.engine_pids = sorted(self.engine_pids)
+            self.state.save()
+        return entries
+
+    async def _wait_until_ready(self, gateway) -> None:
+        last = None
+        while True:
+            counts = {m.name: (gateway.replica_set.num_healthy(m.name), m.replicas)
+                      for m in self.config.models}
+            line = ", ".join(f"{name} {have}/{want}" for name, (have, want) in counts.items())
+            if line != last:
+                self.say(f"replicas ready: {line}")
+                last = line
+            if all(have >= want for have, want in counts.values()):
+                return
+            failed = await asyncio.to_thread(failed_deployments, self.config)
+            if failed:
+                name, message = next(iter(failed.items()))
+                raise RayfleetError(f"model '{name}' failed to deploy: {_last_lines(message)}")
+            await asyncio.sleep(1.0)
+
+    def _banner(self) -> None:
+        url = self.state.gateway_url
+        self.say(f"fleet ready: OpenAI-compatible API at {url}/v1")
+        for model in self.config.models:
+            self.say(f"  model '{model.name}': {model.replicas} replica(s)")
+        self.say(f"  try: curl {url}/v1/models    status: rayfleet status    stop: Ctrl-C or rayfleet down")
+
+    def _shutdown(self) -> None:
+        import ray
+
+        with contextlib.suppress(Exception):
+            from ray import serve
+
+            if ray.is_initialized():
+                serve.shutdown()
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        for pid in sorted(self.engine_pids):
+            kill_process_group(pid, grace_s=10)
+        self.say("fleet stopped")
+
+
+def _last_lines(message: str, num_lines: int = 12) -> str:
+    lines = [line for line in message.strip().splitlines() if line.strip()]
+    return "\n".join(lines[-num_lines:])

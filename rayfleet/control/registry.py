@@ -1,0 +1,62 @@
+"""Where replicas announce themselves and the gateway finds them.
+
+``FleetRegistry`` is a small named Ray actor (``REGISTRY_NAME`` in the fleet's
+namespace). A replica calls ``register(entry)`` once its vLLM server is healthy,
+``heartbeat(replica_id)`` from every Ray Serve health check, and
+``deregister(replica_id)`` when it stops or finds its server dead. ``entries()``
+returns the live entries: a replica whose heartbeats stopped for ``stale_after_s``
+(its process was killed outright, its node died) drops out by itself.
+
+An entry: ``{"replica_id", "model", "url", "node_id", "node_ip", "pid",
+"log_path", "registered_at"}``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+REGISTRY_NAME = "rayfleet-registry"
+NAMESPACE = "rayfleet"
+
+
+@ray.remote(num_cpus=0, max_restarts=-1)
+class FleetRegistry:
+    def __init__(self, stale_after_s: float = 20.0):
+        self.stale_after_s = stale_after_s
+        self._entries: dict[str, dict] = {}
+        self._seen: dict[str, float] = {}
+
+    def register(self, entry: dict) -> None:
+        self._entries[entry["replica_id"]] = dict(entry)
+        self._seen[entry["replica_id"]] = time.monotonic()
+
+    def heartbeat(self, replica_id: str) -> bool:
+        """False when the replica is unknown (the registry restarted): it should register."""
+        if replica_id not in self._entries:
+            return False
+        self._seen[replica_id] = time.monotonic()
+        return True
+
+    def deregister(self, replica_id: str) -> None:
+        self._entries.pop(replica_id, None)
+        self._seen.pop(replica_id, None)
+
+    def entries(self) -> list[dict]:
+        cutoff = time.monotonic() - self.stale_after_s
+        return [e for rid, e in self._entries.items() if self._seen.get(rid, 0) >= cutoff]
+
+    def all_entries(self) -> list[dict]:
+        """Every entry ever registered and not deregistered, stale ones included."""
+        return list(self._entries.values())
+
+
+def get_or_create_registry():
+    return FleetRegistry.options(
+        name=REGISTRY_NAME, namespace=NAMESPACE, get_if_exists=True, lifetime=None
+    ).remote()
+
+
+def get_registry():
+    return ray.get_actor(REGISTRY_NAME, namespace=NAMESPACE)

@@ -1,0 +1,163 @@
+"""A model replica: a Ray Serve deployment replica that runs one vLLM OpenAI server.
+
+Lifecycle of one replica (Ray Serve owns it: placement, restarts, scaling)::
+
+    __init__      start the vLLM server on a free port of this node (EngineProcess),
+                  wait until GET /health answers, register {model, replica id, node,
+                  url, pid} in the FleetRegistry. Serve shows the replica STARTING
+                  until this returns; a server that fails to start fails the replica
+                  with the tail of its log.
+    check_health  called by Serve every HEALTH_CHECK_PERIOD_S: the server process must
+                  be alive and answer /health; then heartbeat the registry. A dead
+                  server deregisters and raises, so Serve replaces the replica.
+    __del__       deregister and stop the server (Serve calls it on graceful stop).
+
+Tokens never pass through this actor: the gateway talks to the vLLM server directly.
+
+Models whose engine workers are Ray actors (``distributed_executor_backend: ray``,
+the multi-node case) get one placement group per replica: a first bundle for this
+actor and one ``{"GPU": 1}`` bundle per engine worker, placed with the model's
+``placement_strategy``. ``deployment_options`` builds those options; it is pure so
+it can be checked without a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from ray import serve
+
+from rayfleet.config import ModelConfig
+from rayfleet.control.engine import EngineFailed, EngineProcess
+
+log = logging.getLogger("rayfleet.replica")
+
+HEALTH_CHECK_PERIOD_S = 2.0
+HEALTH_CHECK_TIMEOUT_S = 15.0
+GRACEFUL_SHUTDOWN_TIMEOUT_S = 30.0
+
+
+def uses_ray_executor(model: ModelConfig) -> bool:
+    return model.engine_args.get("distributed_executor_backend") == "ray"
+
+
+def placement_bundles(model: ModelConfig) -> list[dict[str, float]] | None:
+    """One placement group per replica for models whose workers are Ray actors."""
+    if not uses_ray_executor(model):
+        return None
+    head = {"CPU": model.num_cpus} if model.num_cpus else {"CPU": 0.01}
+    return [head] + [{"GPU": 1.0} for _ in range(model.world_size)]
+
+
+def deployment_options(model: ModelConfig) -> dict[str, Any]:
+    """Ray Serve options for the deployment that serves ``model``."""
+    options: dict[str, Any] = {
+        "name": model.name,
+        "num_replicas": model.replicas,
+        "health_check_period_s": HEALTH_CHECK_PERIOD_S,
+        "health_check_timeout_s": HEALTH_CHECK_TIMEOUT_S,
+        "graceful_shutdown_timeout_s": GRACEFUL_SHUTDOWN_TIMEOUT_S,
+        "graceful_shutdown_wait_loop_s": 0.5,
+        # A server that cannot start fails the same way every time: report it, do not loop.
+        "max_constructor_retry_count": 2,
+        "ray_actor_options": {"num_cpus": model.num_cpus, "num_gpus": model.num_gpus},
+    }
+    bundles = placement_bundles(model)
+    if bundles is not None:
+        # The actor sits in the first bundle; the GPUs belong to the engine workers.
+        options["ray_actor_options"] = {"num_cpus": bundles[0]["CPU"], "num_gpus": 0}
+        options["placement_group_bundles"] = bundles
+        options["placement_group_strategy"] = model.placement_strategy
+    return options
+
+
+@serve.deployment
+class VLLMReplica:
+    def __init__(self, model: dict, advertise_host: str | None, log_dir: str):
+        import ray
+
+        from rayfleet.control.registry import get_registry
+
+        self.model = ModelConfig.model_validate(model)
+        context = serve.get_replica_context()
+        self.replica_id = f"{self.model.name}#{context.replica_id.unique_id}"
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.node_ip = ray.util.get_node_ip_address()
+        self.registry = get_registry()
+        self.engine = self._start_engine(advertise_host or self.node_ip, Path(log_dir))
+        self.entry = {
+            "replica_id": self.replica_id,
+            "model": self.model.name,
+            "url": self.engine.url,
+            "node_id": self.node_id,
+            "node_ip": self.node_ip,
+            "pid": self.engine.pid,
+            "log_path": str(self.engine.log_path),
+            "registered_at": time.time(),
+        }
+        ray.get(self.registry.register.remote(self.entry))
+        log.info("replica %s serving %s at %s", self.replica_id, self.model.name, self.engine.url)
+
+    def _start_engine(self, host: str, log_dir: Path) -> EngineProcess:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        safe_id = self.replica_id.replace("#", "-").replace("/", "_")
+        engine = EngineProcess(
+            self.model.source,
+            self.model.name,
+            self.model.engine_args,
+            host=host,
+            env=self.model.env,
+            log_path=log_dir / f"{safe_id}.log",
+        )
+        engine.start()
+        try:
+            engine.wait_healthy(timeout_s=self.model.startup_timeout_s)
+        except EngineFailed:
+            engine.stop()
+            raise
+        return engine
+
+    def check_health(self) -> None:
+        if not self.engine.healthy(timeout_s=HEALTH_CHECK_TIMEOUT_S / 2):
+            self._deregister()
+            pid = self.engine.pid
+            alive = self.engine.alive()
+            self.engine.stop(grace_s=5)
+            state = "does not answer /health" if alive else "has exited"
+            raise RuntimeError(f"vLLM server of {self.replica_id} (pid {pid}) {state}")
+        if not _call(self.registry.heartbeat, self.replica_id):
+            _call(self.registry.register, self.entry)
+
+    def info(self) -> dict:
+        return dict(self.entry)
+
+    def _deregister(self) -> None:
+        _call(self.registry.deregister, self.replica_id)
+
+    def __del__(self):
+        try:
+            self._deregister()
+        finally:
+            engine = getattr(self, "engine", None)
+            if engine is not None:
+                engine.stop()
+
+
+def _call(method, *args, timeout_s: float = 5.0):
+    import ray
+
+    try:
+        return ray.get(method.remote(*args), timeout=timeout_s)
+    except Exception as exc:  # the registry may be gone during shutdown
+        log.warning("registry call failed: %s", exc)
+        return None
+
+
+def build_application(model: ModelConfig, *, advertise_host: str | None, log_dir: Path):
+    """The Ray Serve application that serves one model."""
+    return VLLMReplica.options(**deployment_options(model)).bind(
+        model.model_dump(), advertise_host, str(log_dir)
+    )

@@ -1,0 +1,66 @@
+"""The run-state file that connects ``rayfleet up`` with ``status`` and ``down``.
+
+``$RAYFLEET_HOME/run/fleet.json`` holds the fleet process's pid, its gateway URL,
+its phase (starting, ready, stopping) and the pids of the vLLM servers it has
+seen, so that ``down`` can stop everything even when the fleet process is gone.
+Written atomically; removed when the fleet stops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import psutil
+
+from rayfleet._home import rayfleet_home
+
+
+def state_path() -> Path:
+    return rayfleet_home() / "run" / "fleet.json"
+
+
+@dataclass
+class RunState:
+    pid: int
+    gateway_url: str
+    phase: str = "starting"
+    ray_address: str = "local"
+    models: list[str] = field(default_factory=list)
+    log_dir: str = ""
+    engine_pids: list[int] = field(default_factory=list)
+    started_at: float = 0.0
+    error: str = ""
+
+    def save(self, path: Optional[Path] = None) -> None:
+        path = path or state_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".fleet-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(asdict(self), f, indent=2)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Optional[Path] = None) -> Optional["RunState"]:
+        path = path or state_path()
+        try:
+            data = json.loads(path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    def process_alive(self) -> bool:
+        try:
+            proc = psutil.Process(self.pid)
+        except psutil.NoSuchProcess:
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+
+
+def clear_state(path: Optional[Path] = None) -> None:
+    (path or state_path()).unlink(missing_ok=True)

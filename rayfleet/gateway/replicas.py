@@ -1,0 +1,115 @@
+"""The gateway's view of the fleet: which replicas serve which model, and how busy they are.
+
+``ReplicaSet.update(entries)`` replaces the membership with what the registry
+reports (entries are dicts ``{"replica_id", "model", "url", "node_id", "node_ip",
+"pid"}``), keeping the in-flight counts of replicas that stay. ``pick(model,
+exclude)`` returns the healthy replica with the fewest requests in flight (ties go
+round-robin) or None. ``begin`` / ``end`` count a request in and out; ``failed``
+takes a replica out of rotation for ``cooldown_s`` so that a dead server is not
+picked again before the registry notices it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+
+@dataclass
+class Replica:
+    replica_id: str
+    model: str
+    url: str
+    node_id: str = ""
+    node_ip: str = ""
+    pid: int = 0
+    num_inflight: int = 0
+    num_consecutive_failures: int = 0
+    cooldown_until: float = 0.0
+    registered_at: float = field(default_factory=time.time)
+
+    def healthy(self, now: float) -> bool:
+        return now >= self.cooldown_until
+
+    def as_dict(self, now: float) -> dict:
+        return {
+            "replica_id": self.replica_id,
+            "model": self.model,
+            "url": self.url,
+            "node_id": self.node_id,
+            "node_ip": self.node_ip,
+            "pid": self.pid,
+            "healthy": self.healthy(now),
+            "inflight": self.num_inflight,
+            "consecutive_failures": self.num_consecutive_failures,
+        }
+
+
+class ReplicaSet:
+    def __init__(self, models: Iterable[str], *, cooldown_s: float = 5.0):
+        self.models = list(models)
+        self.cooldown_s = cooldown_s
+        self._by_model: dict[str, list[Replica]] = {m: [] for m in self.models}
+        self._by_id: dict[str, Replica] = {}
+        self._tiebreak = itertools.count()
+
+    def update(self, entries: Iterable[dict]) -> None:
+        fresh: dict[str, Replica] = {}
+        for entry in entries:
+            if entry["model"] not in self._by_model:
+                continue
+            known = self._by_id.get(entry["replica_id"])
+            if known is not None and known.url == entry["url"]:
+                fresh[known.replica_id] = known
+            else:
+                fresh[entry["replica_id"]] = Replica(
+                    replica_id=entry["replica_id"],
+                    model=entry["model"],
+                    url=entry["url"],
+                    node_id=entry.get("node_id", ""),
+                    node_ip=entry.get("node_ip", ""),
+                    pid=entry.get("pid", 0),
+                )
+        self._by_id = fresh
+        by_model: dict[str, list[Replica]] = {m: [] for m in self.models}
+        for replica in fresh.values():
+            by_model[replica.model].append(replica)
+        self._by_model = by_model
+
+    def replicas(self, model: Optional[str] = None) -> list[Replica]:
+        if model is None:
+            return list(self._by_id.values())
+        return list(self._by_model.get(model, ()))
+
+    def num_healthy(self, model: str) -> int:
+        now = time.monotonic()
+        return sum(r.healthy(now) for r in self._by_model.get(model, ()))
+
+    def pick(self, model: str, exclude: Iterable[str] = ()) -> Optional[Replica]:
+        """The healthy replica with the fewest requests in flight."""
+        now = time.monotonic()
+        candidates = [
+            r for r in self._by_model.get(model, ()) if r.healthy(now) and r.replica_id not in exclude
+        ]
+        if not candidates:
+            return None
+        least = min(r.num_inflight for r in candidates)
+        tied = [r for r in candidates if r.num_inflight == least]
+        return tied[next(self._tiebreak) % len(tied)]
+
+    @staticmethod
+    def begin(replica: Replica) -> None:
+        replica.num_inflight += 1
+
+    @staticmethod
+    def end(replica: Replica) -> None:
+        replica.num_inflight -= 1
+
+    def succeeded(self, replica: Replica) -> None:
+        replica.num_consecutive_failures = 0
+
+    def failed(self, replica: Replica) -> None:
+        replica.num_consecutive_failures += 1
+        replica.cooldown_until = time.monotonic() + self.cooldown_s
