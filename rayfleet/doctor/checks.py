@@ -133,8 +133,10 @@ def judge_gpus(smi: dict[str, Any], driver_gpus: int, cuda_visible: str | None,
         return (Status.FAIL, value, "Ray registered no GPU although the OS sees them: restart "
                 f"Ray on this node with `--num-gpus {visible}`; in a container, " + CONTAINER_HINT)
     if ray_gpus > visible:
-        return (Status.FAIL, value, f"Ray claims {ray_gpus:g} GPUs but only {visible} are visible: "
-                f"restart Ray on this node with `--num-gpus {visible}`")
+        hidden = (f"CUDA_VISIBLE_DEVICES={cuda_visible!r} hides {os_gpus - visible} of them: fix "
+                  "it where Ray starts, or " if visible < os_gpus else "")
+        return (Status.FAIL, value, f"Ray claims {ray_gpus:g} GPU(s) but {visible} are visible; "
+                f"{hidden}restart Ray on this node with `--num-gpus {visible}`")
     if ray_gpus < visible:
         return (Status.WARN, value, f"Ray uses {ray_gpus:g} of {visible} visible GPUs: restart Ray "
                 f"with `--num-gpus {visible}` to use them all")

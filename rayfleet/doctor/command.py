@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -41,7 +44,9 @@ def doctor(
     options = DoctorOptions(address=address, timeout_s=timeout_s, network=network,
                             net_seconds=net_seconds, net_max_bytes=net_max_mib * 1024**2)
     stderr = Console(stderr=True)
-    with _progress(stderr) as progress:
+    # Ray's driver prints cluster events (a raylet dying) on stdout; keep --json parseable.
+    quiet = _stdout_to_stderr() if as_json else contextlib.nullcontext()
+    with quiet, _progress(stderr) as progress:
         report = run_doctor(options, fleet, progress)
     rerun = rerun_command(address, str(config) if config else None)
     if as_json:
@@ -50,6 +55,19 @@ def doctor(
         print_table(report, rerun, Console())
     if report.failed:
         raise typer.Exit(1)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 class _progress:
