@@ -24,7 +24,8 @@ def rerun_command(address: str, config: str | None) -> str:
 
 def summary(report: DoctorReport) -> str:
     counts = Counter(r.status for r in report.results)
-    return (f"{len(report.nodes)} nodes: {counts[Status.FAIL]} failed, "
+    num_nodes = len(report.nodes)
+    return (f"{num_nodes} node{'' if num_nodes == 1 else 's'}: {counts[Status.FAIL]} failed, "
             f"{counts[Status.WARN]} warnings, {counts[Status.OK]} ok")
 
 
