@@ -103,6 +103,11 @@ class ModelConfig(_Strict):
         default_factory=dict, description="Extra environment variables for the vLLM server."
     )
 
+    @field_validator("source")
+    @classmethod
+    def _expand_home(cls, source: str) -> str:
+        return str(Path(source).expanduser()) if source.startswith("~") else source
+
     @field_validator("engine_args")
     @classmethod
     def _no_reserved(cls, args: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,181 @@
+"""A real fleet (Ray Serve, two vLLM models) driven with the official openai client."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+
+import openai
+import pytest
+import requests
+
+from tests.integration.fleet import running_fleet
+
+pytestmark = pytest.mark.integration
+
+TINY_ARGS = {"enforce_eager": True, "max_model_len": 1024, "dtype": "float32"}
+DEMO_ARGS = {"enforce_eager": True, "max_model_len": 2048, "dtype": "float32"}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, tiny_model, demo_model):
+    models = [
+        {"name": "smollm2-135m", "source": str(demo_model), "engine_args": DEMO_ARGS},
+        {"name": "tiny", "source": str(tiny_model), "engine_args": TINY_ARGS},
+    ]
+    with running_fleet(tmp_path_factory.mktemp("fleet-api"), models) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(fleet):
+    return openai.OpenAI(base_url=fleet.base_url, api_key="unused", max_retries=0)
+
+
+def test_lists_models(client):
+    ids = sorted(m.id for m in client.models.list().data)
+    assert ids == ["smollm2-135m", "tiny"]
+
+
+def test_chat_answers_sensibly(client):
+    reply = client.chat.completions.create(
+        model="smollm2-135m",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=30,
+        temperature=0,
+    )
+    assert "Paris" in reply.choices[0].message.content
+    assert reply.model == "smollm2-135m"
+    assert reply.usage.completion_tokens > 0
+
+
+def test_chat_streams(client):
+    stream = client.chat.completions.create(
+        model="smollm2-135m",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=30,
+        temperature=0,
+        stream=True,
+    )
+    pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+    assert len(pieces) > 3
+    assert "Paris" in "".join(pieces)
+
+
+def test_completion(client):
+    reply = client.completions.create(model="tiny", prompt="hello", max_tokens=8)
+    assert reply.model == "tiny"
+    assert reply.usage.completion_tokens == 8
+
+
+def test_completion_streams(client):
+    stream = client.completions.create(
+        model="tiny", prompt="hello", max_tokens=16, stream=True, extra_body={"ignore_eos": True}
+    )
+    chunks = [c for c in stream]
+    assert len(chunks) >= 8
+    assert all(c.model == "tiny" for c in chunks)
+
+
+def test_routes_by_model_name_and_names_the_replica(client):
+    for model in ("tiny", "smollm2-135m", "tiny"):
+        raw = client.completions.with_raw_response.create(model=model, prompt="hi", max_tokens=2)
+        assert raw.headers["x-rayfleet-replica"].startswith(model + "#")
+        assert raw.parse().model == model
+
+
+def test_unknown_model_is_404_listing_models(client):
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
+    body = err.value.body
+    assert body["code"] == "model_not_found"
+    assert "smollm2-135m" in body["message"] and "tiny" in body["message"]
+
+
+def test_malformed_json_is_400(fleet):
+    resp = requests.post(
+        fleet.base_url + "/chat/completions",
+        data=b'{"model": "tiny", "messages": [',
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert resp.status_code == 400
+    assert resp.json()["error"]["type"] == "invalid_request_error"
+    assert resp.headers["x-rayfleet-replica"] == "gateway"
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"model": "tiny", "messages": "hello"}, "messages"),
+        ({"model": 7, "messages": []}, "model"),
+        ({"model": "tiny", "messages": [], "max_tokens": "ten"}, "max_tokens"),
+        ({"model": "tiny", "messages": [], "stream": "yes"}, "stream"),
+        ({"messages": []}, "model"),
+    ],
+)
+def test_wrong_field_type_is_400_naming_the_field(fleet, body, param):
+    resp = requests.post(fleet.base_url + "/chat/completions", json=body, timeout=30)
+    assert resp.status_code == 400
+    assert resp.json()["error"]["param"] == param
+
+
+def test_engine_validation_errors_pass_through_as_400(client):
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny", prompt="hi", max_tokens=5000)
+
+
+def test_health_and_metrics(fleet, client):
+    client.completions.create(model="tiny", prompt="hi", max_tokens=2)
+    health = requests.get(fleet.url + "/health", timeout=10)
+    assert health.status_code == 200
+    assert health.json()["models"] == {"smollm2-135m": 1, "tiny": 1}
+    metrics = requests.get(fleet.url + "/metrics", timeout=10).text
+    assert re.search(r'rayfleet_requests_total\{model="tiny",replica="tiny#\w+",status="200"\} [1-9]', metrics)
+    assert 'rayfleet_time_to_first_byte_seconds_bucket{le="0.005",model="tiny"' in metrics
+    assert "rayfleet_inflight_requests" in metrics
+
+
+def test_status_shows_nodes_models_replicas(fleet):
+    report = fleet.status()
+    assert report["phase"] == "ready"
+    assert report["models"] == {"smollm2-135m": 1, "tiny": 1}
+    assert len(report["nodes"]) == 1 and report["nodes"][0]["alive"]
+    replicas = {r["model"]: r for r in report["replicas"]}
+    assert replicas["tiny"]["healthy"] and replicas["tiny"]["url"].startswith("http://127.0.0.1:")
+    assert replicas["tiny"]["inflight"] == 0
+    table = fleet.cli("status").stdout
+    assert "tiny#" in table and "smollm2-135m" in table
+
+
+def _aborted(replica_url: str) -> float:
+    text = urllib.request.urlopen(replica_url + "/metrics", timeout=10).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("vllm:request_success_total") and 'finished_reason="abort"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_client_disconnect_aborts_the_upstream_request(fleet):
+    replica = next(r for r in fleet.status()["replicas"] if r["model"] == "tiny")
+    before = _aborted(replica["url"])
+    body = {
+        "model": "tiny",
+        "prompt": "hello",
+        "max_tokens": 1000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with requests.post(fleet.base_url + "/completions", json=body, stream=True, timeout=30) as resp:
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        for _ in range(3):
+            next(lines)
+    # The connection is closed here, long before 1000 tokens.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _aborted(replica["url"]) <= before:
+        time.sleep(0.25)
+    assert _aborted(replica["url"]) == before + 1

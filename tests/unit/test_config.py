@@ -1,0 +1,118 @@
+"""fleet.yaml validation: every mistake is one line naming the field and the fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rayfleet.config import FleetConfig, check_engine_args, load_fleet, parse_fleet
+from rayfleet.errors import ConfigError
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def fleet(**model) -> dict:
+    return {"models": [{"name": "m", "source": "/models/m", **model}]}
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        (fleet(replica=2), "models[0].replica: unknown field; did you mean 'replicas'?"),
+        ({"gatway": {}, **fleet()}, "gatway: unknown field; did you mean 'gateway'?"),
+        ({"gateway": {"prot": 80}, **fleet()}, "gateway.prot: unknown field; did you mean 'port'?"),
+        (fleet(replicas="two"), "models[0].replicas: Input should be a valid integer"),
+        (fleet(replicas=0), "models[0].replicas: Input should be greater than or equal to 1"),
+        (fleet(placement_strategy="PAK"), "models[0].placement_strategy: Input should be 'PACK'"),
+        ({"gateway": {"port": 70000}, **fleet()}, "gateway.port: Input should be less than"),
+        ({"models": []}, "models: List should have at least 1 item"),
+        ({"models": [{"name": "m"}]}, "models[0].source: required field is missing"),
+        (fleet(engine_args={"port": 9000}), "port is set by rayfleet for each replica"),
+        ({"cluster": {"address": "headnode"}, **fleet()}, "cluster.address: 'headnode' is not"),
+        ({"models": [{"name": "a", "source": "x"}, {"name": "a", "source": "y"}]},
+         "two models are named 'a'"),
+    ],
+)
+def test_bad_fleet_is_one_line_with_the_field(data, expected):
+    with pytest.raises(ConfigError) as err:
+        parse_fleet(data, origin="fleet.yaml")
+    message = str(err.value)
+    assert message.startswith("fleet.yaml: ")
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    path = tmp_path / "fleet.yaml"
+    path.write_text("models:\n  - name: a\n    source: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"fleet.yaml at line \d+, column \d+"):
+        load_fleet(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_fleet(tmp_path / "nope.yaml")
+
+
+def test_defaults_and_derived_sizes():
+    config = parse_fleet(fleet(engine_args={"tensor-parallel-size": 4, "pipeline_parallel_size": 2}))
+    model = config.models[0]
+    assert (model.replicas, model.num_cpus, model.placement_strategy) == (1, 1.0, "PACK")
+    assert model.engine_args == {"tensor_parallel_size": 4, "pipeline_parallel_size": 2}
+    assert model.world_size == 8
+    assert config.gateway.port == 8000 and config.cluster.address == "local"
+
+
+@pytest.mark.parametrize("name", ["one-node-two-models.yaml", "deepseek-v3-two-nodes.yaml"])
+def test_examples_are_valid(name):
+    config = load_fleet(EXAMPLES / name)
+    assert isinstance(config, FleetConfig)
+
+
+def test_deepseek_example_spans_two_nodes():
+    model = load_fleet(EXAMPLES / "deepseek-v3-two-nodes.yaml").models[0]
+    assert model.world_size == 16
+
+
+def test_engine_args_checked_by_vllm_parser():
+    good = parse_fleet(fleet(engine_args={"max_model_len": 512, "enforce_eager": True}))
+    check_engine_args(good)
+    with pytest.raises(ConfigError, match=r"engine_args.max_modl_len: not a vLLM server argument; "
+                                          r"did you mean 'max_model_len'\?"):
+        check_engine_args(parse_fleet(fleet(engine_args={"max_modl_len": 512})))
+    with pytest.raises(ConfigError, match=r"vLLM rejects them: argument --max-model-len"):
+        check_engine_args(parse_fleet(fleet(engine_args={"max_model_len": "lots"})))
+    with pytest.raises(ConfigError, match=r"argument --scheduling-policy: invalid choice"):
+        check_engine_args(parse_fleet(fleet(engine_args={"scheduling_policy": "fastest"})))
+
+
+def _rayfleet(*args, home: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rayfleet.cli", *args],
+        capture_output=True, text=True, timeout=120, env={"RAYFLEET_HOME": str(home), "PATH": ""},
+    )
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("models:\n  - name: a\n    source: /x\n    replica: 2\n",
+         "models[0].replica: unknown field; did you mean 'replicas'?"),
+        ("models:\n  - name: a\n    source: /x\n    num_cpus: many\n",
+         "models[0].num_cpus: Input should be a valid number"),
+        ("models:\n  - name: a\n    source: /x\n    engine_args: {max_model_len: lots}\n",
+         "vLLM rejects them: argument --max-model-len"),
+    ],
+)
+def test_cli_reports_bad_fleet_in_one_line(tmp_path, text, expected):
+    path = tmp_path / "fleet.yaml"
+    path.write_text(text)
+    result = _rayfleet("up", "-c", str(path), home=tmp_path)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and expected in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists(), "nothing may start for a bad fleet"
