@@ -102,20 +102,20 @@ def make_prompts(spec: DatasetSpec, tokenizer: Tokenizer | None) -> list[Prompt]
 def random_prompts(spec: DatasetSpec, tokenizer: Tokenizer, rng: np.random.Generator) -> list[Prompt]:
     input_lens = _lengths(spec.random_input_len, spec.random_range_ratio, spec.num_prompts, rng)
     output_lens = _lengths(spec.random_output_len, spec.random_range_ratio, spec.num_prompts, rng)
-    return [
-        Prompt(random_text(tokenizer, n_in, rng), n_in, n_out)
-        for n_in, n_out in zip(input_lens, output_lens)
-    ]
+    allowed = ordinary_token_ids(tokenizer, rng)
+    texts = [random_text(tokenizer, n_in, rng, allowed) for n_in in input_lens]
+    return [Prompt(text, count_tokens(tokenizer, text), n_out) for text, n_out in zip(texts, output_lens)]
 
 
 def prefix_prompts(spec: DatasetSpec, tokenizer: Tokenizer, rng: np.random.Generator) -> list[Prompt]:
     if spec.num_prefixes < 1:
         raise RayfleetError("--prefix-repetition-num-prefixes must be at least 1")
-    prefixes = [random_text(tokenizer, spec.prefix_len, rng) for _ in range(spec.num_prefixes)]
+    allowed = ordinary_token_ids(tokenizer, rng)
+    prefixes = [random_text(tokenizer, spec.prefix_len, rng, allowed) for _ in range(spec.num_prefixes)]
     prompts = []
     for i in range(spec.num_prompts):
         prefix = prefixes[i % spec.num_prefixes]
-        suffix = random_text(tokenizer, spec.suffix_len, rng)
+        suffix = random_text(tokenizer, spec.suffix_len, rng, allowed)
         text = prefix + " " + suffix
         prompts.append(Prompt(text, count_tokens(tokenizer, text), spec.random_output_len))
     order = rng.permutation(len(prompts))
@@ -126,10 +126,12 @@ def mixed_prompts(spec: DatasetSpec, tokenizer: Tokenizer, rng: np.random.Genera
     if not 0.0 <= spec.mixed_long_fraction <= 1.0:
         raise RayfleetError("--mixed-long-fraction must be between 0 and 1, e.g. 0.1")
     is_long = rng.random(spec.num_prompts) < spec.mixed_long_fraction
+    allowed = ordinary_token_ids(tokenizer, rng)
     prompts = []
     for long in is_long:
         num_tokens = spec.mixed_long_input_len if long else spec.random_input_len
-        prompts.append(Prompt(random_text(tokenizer, num_tokens, rng), num_tokens, spec.random_output_len))
+        text = random_text(tokenizer, num_tokens, rng, allowed)
+        prompts.append(Prompt(text, count_tokens(tokenizer, text), spec.random_output_len))
     return prompts
 
 
@@ -153,11 +155,14 @@ def jsonl_prompts(spec: DatasetSpec, tokenizer: Tokenizer | None) -> list[Prompt
     return prompts
 
 
-def random_text(tokenizer: Tokenizer, num_tokens: int, rng: np.random.Generator) -> str:
-    """Text that encodes to exactly ``num_tokens`` tokens (close to it if merges forbid)."""
+def random_text(tokenizer: Tokenizer, num_tokens: int, rng: np.random.Generator,
+                allowed: np.ndarray | None = None) -> str:
+    """Text that encodes to ``num_tokens`` tokens (exactly, unless merges at the seams
+    make that impossible within a few tries; callers count the result)."""
     if num_tokens < 1:
         raise RayfleetError("input lengths must be at least 1 token; raise --random-input-len")
-    allowed = _ordinary_token_ids(tokenizer)
+    if allowed is None:
+        allowed = ordinary_token_ids(tokenizer, rng)
     ids = list(rng.choice(allowed, size=num_tokens))
     text = tokenizer.decode(ids)
     for _ in range(8):
@@ -176,9 +181,20 @@ def count_tokens(tokenizer: Tokenizer, text: str) -> int:
     return len(tokenizer.encode(text, add_special_tokens=False))
 
 
-def _ordinary_token_ids(tokenizer: Tokenizer) -> np.ndarray:
+def ordinary_token_ids(tokenizer: Tokenizer, rng: np.random.Generator,
+                       max_checked: int = 50_000) -> np.ndarray:
+    """Ids that are not special and decode to whole characters that encode back to
+    themselves (a byte-level piece of a character would not survive a round trip)."""
     special = set(tokenizer.all_special_ids)
-    return np.array([i for i in range(tokenizer.vocab_size) if i not in special])
+    candidates = [i for i in range(tokenizer.vocab_size) if i not in special]
+    if len(candidates) > max_checked:  # a large vocabulary: a random sample is plenty
+        candidates = sorted(rng.choice(candidates, size=max_checked, replace=False).tolist())
+    ids = []
+    for i in candidates:
+        text = tokenizer.decode([i])
+        if text and "\ufffd" not in text and tokenizer.encode(text, add_special_tokens=False) == [i]:
+            ids.append(i)
+    return np.array(ids or candidates)
 
 
 def _lengths(mean: int, range_ratio: float, count: int, rng: np.random.Generator) -> list[int]:

@@ -150,7 +150,9 @@ async def drive(
 
 def _run_in_processes(target, prompts, offsets_s, shape, num_processes, on_progress) -> RunOutput:
     ctx = mp.get_context("spawn")
+    ready = ctx.Barrier(num_processes + 1)
     go = ctx.Event()
+    start_at = ctx.Value("d", 0.0, lock=False)
     workers = []
     for index in range(num_processes):
         share = split_for_processes(shape, num_processes, index)
@@ -159,7 +161,7 @@ def _run_in_processes(target, prompts, offsets_s, shape, num_processes, on_progr
         process = ctx.Process(
             target=_worker_main,
             args=(target, list(prompts[index::num_processes]), offsets_s[index::num_processes],
-                  share.max_concurrency, counts, go, sender),
+                  share.max_concurrency, counts, (ready, go, start_at), sender),
             daemon=True,
         )
         process.start()
@@ -168,6 +170,9 @@ def _run_in_processes(target, prompts, offsets_s, shape, num_processes, on_progr
     # Workers handle Ctrl-C themselves (they are in our process group and get it too).
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
+        # One schedule for all: every worker starts its clock at the same instant.
+        ready.wait(timeout=120)
+        start_at.value = time.perf_counter() + 0.05
         go.set()
         outputs = _collect(workers, on_progress)
     finally:
@@ -180,7 +185,13 @@ def _collect(workers, on_progress) -> list[RunOutput]:
     while len(outputs) < len(workers):
         for index, (process, receiver, _) in enumerate(workers):
             if index not in outputs and receiver.poll(0.05):
-                outputs[index] = receiver.recv()
+                try:
+                    outputs[index] = receiver.recv()
+                except EOFError:
+                    process.join()
+                    raise RuntimeError(
+                        f"bench worker process {index} exited with code {process.exitcode} "
+                        "before sending its results") from None
                 process.join()
         if on_progress:
             on_progress(_sum_counts(workers))
@@ -223,15 +234,19 @@ class _SharedCounts(Counts):
             self.num_done, self.num_failed, self.num_output_tokens)
 
 
-def _worker_main(target, prompts, offsets_s, max_concurrency, shared, go, sender) -> None:
+def _worker_main(target, prompts, offsets_s, max_concurrency, shared, start, sender) -> None:
+    ready, go, start_at = start
     use_uvloop()
+    ready.wait()
     go.wait()
-    output = asyncio.run(_worker_run(target, prompts, offsets_s, max_concurrency, shared))
+    output = asyncio.run(
+        _worker_run(target, prompts, offsets_s, max_concurrency, shared, start_at.value))
     sender.send(output)
     sender.close()
 
 
-async def _worker_run(target, prompts, offsets_s, max_concurrency, shared) -> RunOutput:
+async def _worker_run(target, prompts, offsets_s, max_concurrency, shared, start_s) -> RunOutput:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
-    return await drive(target, prompts, offsets_s, max_concurrency, _SharedCounts(shared), stop)
+    return await drive(target, prompts, offsets_s, max_concurrency, _SharedCounts(shared), stop,
+                       start_s=start_s)

@@ -1,0 +1,172 @@
+"""A simulator of an OpenAI-compatible streaming endpoint, for measuring the bench itself.
+
+It is not an engine: it streams canned SSE chunks shaped like vLLM's (one chunk per
+token, then a usage chunk, then ``[DONE]``), as fast as asked. It exists for what a real
+vLLM server cannot do on a small machine: answer thousands of requests per second (to
+find the client's own limit), and fail on purpose (error statuses, errors mid-stream,
+the gateway's ``x-rayfleet-replica`` header) for tests of the bench's bookkeeping.
+
+Run it alone: ``python -m rayfleet.bench.simulator --port 9000 --num-processes 2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import socket
+import threading
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from rayfleet.bench.client import REPLICA_HEADER
+
+
+@dataclass(frozen=True)
+class SimulatorSpec:
+    """How the simulated endpoint behaves."""
+
+    token_delay_s: float = 0.0
+    first_token_delay_s: float = 0.0
+    max_tokens_cap: int = 4096
+    replica_names: tuple[str, ...] = ()
+    fail_every: int = 0
+    fail_status: int = 503
+    stream_error_every: int = 0
+
+
+def token_chunk(is_chat: bool) -> bytes:
+    if is_chat:
+        body = {"object": "chat.completion.chunk", "model": "sim",
+                "choices": [{"index": 0, "delta": {"content": " tok"}, "finish_reason": None}]}
+    else:
+        body = {"object": "text_completion", "model": "sim",
+                "choices": [{"index": 0, "text": " tok", "finish_reason": None}]}
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+def usage_chunk(num_prompt: int, num_completion: int) -> bytes:
+    body = {"choices": [], "usage": {"prompt_tokens": num_prompt, "completion_tokens": num_completion,
+                                     "total_tokens": num_prompt + num_completion}}
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+ERROR_EVENT = b'data: {"error":{"message":"replica lost","type":"server_error","code":502}}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+def make_app(spec: SimulatorSpec) -> web.Application:
+    """The simulator's aiohttp app: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``."""
+    counter = itertools.count(1)
+    replicas = itertools.cycle(spec.replica_names) if spec.replica_names else None
+    chunks = {False: token_chunk(False), True: token_chunk(True)}
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        number = next(counter)
+        body = await request.json()
+        headers = {REPLICA_HEADER: next(replicas)} if replicas else {}
+        if spec.fail_every and number % spec.fail_every == 0:
+            return web.json_response({"error": {"message": "simulated failure"}},
+                                     status=spec.fail_status, headers=headers)
+        is_chat = "messages" in body
+        num_tokens = min(int(body.get("max_tokens") or body.get("max_completion_tokens") or 16),
+                         spec.max_tokens_cap)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})
+        await response.prepare(request)
+        if spec.first_token_delay_s:
+            await asyncio.sleep(spec.first_token_delay_s)
+        for i in range(num_tokens):
+            if i and spec.token_delay_s:
+                await asyncio.sleep(spec.token_delay_s)
+            await response.write(chunks[is_chat])
+            if spec.stream_error_every and number % spec.stream_error_every == 0 and i == 0:
+                await response.write(ERROR_EVENT)
+                return response
+        await response.write(usage_chunk(len(str(body.get("prompt", ""))) // 4, num_tokens) + DONE)
+        return response
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "sim", "object": "model"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", generate)
+    app.router.add_post("/v1/chat/completions", generate)
+    app.router.add_get("/v1/models", models)
+    return app
+
+
+def serve(spec: SimulatorSpec, host: str, port: int) -> None:
+    """Serve until killed (one process; start several with ``reuse_port`` for more)."""
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    web.run_app(make_app(spec), host=host, port=port, reuse_port=True, print=None,
+                access_log=None, handle_signals=True)
+
+
+class SimulatorThread:
+    """The simulator on a background thread of this process, for tests."""
+
+    def __init__(self, spec: SimulatorSpec = SimulatorSpec(), host: str = "127.0.0.1"):
+        self.spec = spec
+        self.host = host
+        self.port = 0
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> "SimulatorThread":
+        self._thread.start()
+        if not self._ready.wait(timeout=30):
+            raise RuntimeError("simulator did not start within 30 s")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._loop:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._loop.run_until_complete(self._main())
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        runner = web.AppRunner(make_app(self.spec), access_log=None)
+        await runner.setup()
+        sock = socket.socket()
+        sock.bind((self.host, 0))
+        self.port = sock.getsockname()[1]
+        site = web.SockSite(runner, sock)
+        await site.start()
+        self._ready.set()
+        await self._stop.wait()
+        await runner.cleanup()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--num-processes", type=int, default=1)
+    parser.add_argument("--token-delay-s", type=float, default=0.0)
+    args = parser.parse_args()
+    spec = SimulatorSpec(token_delay_s=args.token_delay_s)
+    for _ in range(args.num_processes - 1):
+        if os.fork() == 0:
+            break
+    serve(spec, args.host, args.port)
+
+
+if __name__ == "__main__":
+    main()
