@@ -122,7 +122,10 @@ def run_and_report(flags: dict) -> None:
     """Run what the flags ask for, then print, save and plot it."""
     from rayfleet.bench.flags import plan_from_flags
 
-    plan = plan_from_flags(flags)
+    try:
+        plan = plan_from_flags(flags)
+    except KeyboardInterrupt:
+        raise RayfleetError("interrupted while preparing the run; nothing was sent") from None
     console = Console(stderr=flags["json_output"])
     if plan.sweep is None:
         _run_once(plan, console, flags["json_output"])

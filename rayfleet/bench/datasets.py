@@ -88,8 +88,8 @@ def make_prompts(spec: DatasetSpec, tokenizer: Tokenizer | None) -> list[Prompt]
         )
     if tokenizer is None:
         raise RayfleetError(
-            f"--dataset-name {spec.name} makes prompts of exact token lengths and needs a "
-            "tokenizer; pass --tokenizer DIR"
+            f"--dataset-name {spec.name} makes prompts of exact token lengths and needs the "
+            "model's tokenizer; pass --tokenizer DIR (or a hub name)"
         )
     rng = np.random.default_rng(spec.seed)
     if spec.name == "random":

@@ -30,39 +30,39 @@ class BenchPlan:
 
 
 def plan_from_flags(flags: dict) -> BenchPlan:
+    """Check every flag (cheap checks first), then find the model and load the tokenizer."""
     base_url = flags["base_url"] or f"http://{flags['host']}:{flags['port']}"
     if not base_url.startswith(("http://", "https://")):
         raise RayfleetError(f"--base-url {base_url!r} must start with http:// or https://")
+    if flags["num_processes"] < 1 or flags["num_warmups"] < 0:
+        raise RayfleetError("--num-processes must be at least 1 and --num-warmups at least 0")
+    dataset, shape = dataset_from_flags(flags), shape_from_flags(flags)
+    goodput_ms = parse_goodput(flags["goodput"] or [])
+    percentiles = parse_percentiles(flags["metric_percentiles"])
+    price_per_hour = check_price(flags["price_per_hour"])
+    sweep = sweep_from_flags(flags)
+    if dataset.name == "jsonl" and dataset.dataset_path and not dataset.dataset_path.is_file():
+        raise RayfleetError(f"--dataset-path: cannot read {dataset.dataset_path} (no such file)")
     model = flags["model"] or first_model(base_url)
     if model is None:
         raise RayfleetError(f"--model: {base_url}/v1/models lists no model; pass --model NAME")
-    tokenizer_id = tokenizer_source(flags["tokenizer"], model, flags["dataset_name"])
+    target = target_from_flags(flags, base_url, model)
+    tokenizer_id = tokenizer_source(flags["tokenizer"], model)
     tokenizer = load_tokenizer(tokenizer_id) if tokenizer_id else None
     config = BenchConfig(
-        target=target_from_flags(flags, base_url, model),
-        dataset=dataset_from_flags(flags),
-        shape=shape_from_flags(flags),
-        tokenizer_id=tokenizer_id,
-        goodput_ms=parse_goodput(flags["goodput"] or []),
-        percentiles=parse_percentiles(flags["metric_percentiles"]),
-        price_per_hour=check_price(flags["price_per_hour"]),
-        num_processes=flags["num_processes"],
-        num_warmups=flags["num_warmups"],
-        label=flags["label"],
-        save_detailed=flags["save_detailed"],
+        target=target, dataset=dataset, shape=shape, tokenizer_id=tokenizer_id,
+        goodput_ms=goodput_ms, percentiles=percentiles, price_per_hour=price_per_hour,
+        num_processes=flags["num_processes"], num_warmups=flags["num_warmups"],
+        label=flags["label"], save_detailed=flags["save_detailed"],
     )
-    return BenchPlan(config, tokenizer, sweep_from_flags(flags), result_path(flags, config),
-                     flags["plot"])
+    return BenchPlan(config, tokenizer, sweep, result_path(flags, config), flags["plot"])
 
 
-def tokenizer_source(tokenizer: str | None, model: str, dataset_name: str) -> str | None:
-    """``--tokenizer``, else the model if it is a local dir, else the model's hub name
-    (only where a dataset needs exact token counts)."""
+def tokenizer_source(tokenizer: str | None, model: str) -> str | None:
+    """``--tokenizer`` (a local dir or a hub name), else the model if it is a local dir."""
     if tokenizer:
         return tokenizer
-    if Path(model).is_dir():
-        return model
-    return model if dataset_name in SYNTHETIC_DATASETS else None
+    return model if Path(model).is_dir() else None
 
 
 def target_from_flags(flags: dict, base_url: str, model: str) -> Target:

@@ -17,7 +17,7 @@ import multiprocessing as mp
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -150,34 +150,46 @@ async def drive(
 
 def _run_in_processes(target, prompts, offsets_s, shape, num_processes, on_progress) -> RunOutput:
     ctx = mp.get_context("spawn")
-    ready = ctx.Barrier(num_processes + 1)
-    go = ctx.Event()
-    start_at = ctx.Value("d", 0.0, lock=False)
-    workers = []
-    for index in range(num_processes):
-        share = split_for_processes(shape, num_processes, index)
-        counts = ctx.Array("q", 3, lock=False)
-        receiver, sender = ctx.Pipe(duplex=False)
-        process = ctx.Process(
-            target=_worker_main,
-            args=(target, list(prompts[index::num_processes]), offsets_s[index::num_processes],
-                  share.max_concurrency, counts, (ready, go, start_at), sender),
-            daemon=True,
-        )
-        process.start()
-        sender.close()
-        workers.append((process, receiver, counts))
-    # Workers handle Ctrl-C themselves (they are in our process group and get it too).
+    sync = _WorkerSync(ctx.Barrier(num_processes + 1), ctx.Event(), ctx.Value("d", 0.0, lock=False),
+                       ctx.Event())
+    # Workers start with Ctrl-C ignored (inherited), so one pressed while they boot cannot
+    # kill them half-way; from then on the parent forwards it as the ``stop`` event.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
+        workers = [_start_worker(ctx, target, prompts, offsets_s, shape, num_processes, index, sync)
+                   for index in range(num_processes)]
+        signal.signal(signal.SIGINT, lambda *_: sync.stop.set())
         # One schedule for all: every worker starts its clock at the same instant.
-        ready.wait(timeout=120)
-        start_at.value = time.perf_counter() + 0.05
-        go.set()
+        sync.ready.wait(timeout=120)
+        sync.start_at.value = time.perf_counter() + 0.05
+        sync.go.set()
         outputs = _collect(workers, on_progress)
     finally:
         signal.signal(signal.SIGINT, previous)
     return merge_outputs(outputs)
+
+
+@dataclass
+class _WorkerSync:
+    ready: Any
+    go: Any
+    start_at: Any
+    stop: Any
+
+
+def _start_worker(ctx, target, prompts, offsets_s, shape, num_processes, index, sync):
+    share = split_for_processes(shape, num_processes, index)
+    counts = ctx.Array("q", 3, lock=False)
+    receiver, sender = ctx.Pipe(duplex=False)
+    process = ctx.Process(
+        target=_worker_main,
+        args=(target, list(prompts[index::num_processes]), offsets_s[index::num_processes],
+              share.max_concurrency, counts, sync, sender),
+        daemon=True,
+    )
+    process.start()
+    sender.close()
+    return process, receiver, counts
 
 
 def _collect(workers, on_progress) -> list[RunOutput]:
@@ -234,19 +246,27 @@ class _SharedCounts(Counts):
             self.num_done, self.num_failed, self.num_output_tokens)
 
 
-def _worker_main(target, prompts, offsets_s, max_concurrency, shared, start, sender) -> None:
-    ready, go, start_at = start
+def _worker_main(target, prompts, offsets_s, max_concurrency, shared, sync, sender) -> None:
     use_uvloop()
-    ready.wait()
-    go.wait()
-    output = asyncio.run(
-        _worker_run(target, prompts, offsets_s, max_concurrency, shared, start_at.value))
+    sync.ready.wait()
+    sync.go.wait()
+    output = asyncio.run(_worker_run(target, prompts, offsets_s, max_concurrency, shared, sync))
     sender.send(output)
     sender.close()
 
 
-async def _worker_run(target, prompts, offsets_s, max_concurrency, shared, start_s) -> RunOutput:
+async def _worker_run(target, prompts, offsets_s, max_concurrency, shared, sync) -> RunOutput:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
-    return await drive(target, prompts, offsets_s, max_concurrency, _SharedCounts(shared), stop,
-                       start_s=start_s)
+    watcher = asyncio.create_task(_watch_parent_stop(sync.stop, stop))
+    try:
+        return await drive(target, prompts, offsets_s, max_concurrency, _SharedCounts(shared),
+                           stop, start_s=sync.start_at.value)
+    finally:
+        watcher.cancel()
+
+
+async def _watch_parent_stop(parent_stop, stop: asyncio.Event, period_s: float = 0.1) -> None:
+    while not parent_stop.is_set():
+        await asyncio.sleep(period_s)
+    stop.set()

@@ -76,6 +76,13 @@ def make_app(spec: SimulatorSpec) -> web.Application:
                          spec.max_tokens_cap)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})
         await response.prepare(request)
+        try:
+            await stream_tokens(response, number, num_tokens, is_chat, body)
+        except ConnectionError:  # the client went away (a cancelled bench): nothing to do
+            pass
+        return response
+
+    async def stream_tokens(response, number, num_tokens, is_chat, body) -> None:
         if spec.first_token_delay_s:
             await asyncio.sleep(spec.first_token_delay_s)
         for i in range(num_tokens):
@@ -84,9 +91,8 @@ def make_app(spec: SimulatorSpec) -> web.Application:
             await response.write(chunks[is_chat])
             if spec.stream_error_every and number % spec.stream_error_every == 0 and i == 0:
                 await response.write(ERROR_EVENT)
-                return response
+                return
         await response.write(usage_chunk(len(str(body.get("prompt", ""))) // 4, num_tokens) + DONE)
-        return response
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "sim", "object": "model"}]})

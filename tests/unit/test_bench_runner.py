@@ -1,0 +1,88 @@
+"""Running a load: schedules kept, concurrency capped, several processes, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rayfleet.bench.client import Target
+from rayfleet.bench.datasets import Prompt
+from rayfleet.bench.load import LoadShape
+from rayfleet.bench.metrics import peak_concurrency
+from rayfleet.bench.runner import run_load
+from rayfleet.bench.simulator import SimulatorSpec, SimulatorThread
+
+PROMPTS = [Prompt(f"prompt {i}", 2, 4) for i in range(60)]
+
+
+def test_max_concurrency_caps_requests_in_flight():
+    with SimulatorThread(SimulatorSpec(token_delay_s=0.005)) as sim:
+        output = run_load(Target(sim.url, model="sim"), PROMPTS, LoadShape(max_concurrency=4))
+    assert len(output.results) == 60 and all(r.ok for r in output.results)
+    assert peak_concurrency(output.results) == 4
+    assert not output.interrupted and output.num_cancelled == 0
+
+
+def test_request_rate_sets_the_duration():
+    with SimulatorThread() as sim:
+        output = run_load(Target(sim.url, model="sim"), PROMPTS, LoadShape(request_rate=60.0))
+    assert output.duration_s == pytest.approx(1.0, abs=0.15)
+    lags = [r.start_s - r.scheduled_s for r in output.results]
+    assert max(lags) < 0.1
+
+
+def test_several_processes_split_the_schedule_and_merge_results():
+    progress = []
+    with SimulatorThread(SimulatorSpec(replica_names=("a", "b"))) as sim:
+        output = run_load(Target(sim.url, model="sim"), PROMPTS,
+                          LoadShape(request_rate=120.0, max_concurrency=8),
+                          num_processes=3, on_progress=progress.append)
+    assert len(output.results) == 60 and all(r.ok for r in output.results)
+    scheduled = [r.scheduled_s for r in output.results]
+    assert scheduled == sorted(scheduled)
+    assert output.duration_s == pytest.approx(0.5, abs=0.2)
+    assert progress[-1].num_done == 60 and progress[-1].num_output_tokens == 240
+    assert {r.replica for r in output.results} == {"a", "b"}
+
+
+SERVE_SLOWLY = """
+import sys, time
+from rayfleet.bench.simulator import SimulatorSpec, SimulatorThread
+with SimulatorThread(SimulatorSpec(token_delay_s=0.05)) as sim:
+    print(sim.url, flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_ctrl_c_stops_and_still_writes_results(tmp_path, num_processes):
+    server = subprocess.Popen([sys.executable, "-c", SERVE_SLOWLY], stdout=subprocess.PIPE, text=True)
+    try:
+        url = server.stdout.readline().strip()
+        data = tmp_path / "prompts.jsonl"
+        data.write_text(json.dumps({"prompt": "hi", "max_tokens": 10}) + "\n")
+        out = tmp_path / "result.json"
+        bench = subprocess.Popen(
+            [sys.executable, "-m", "rayfleet.cli", "bench", "--base-url", url, "--model", "sim",
+             "--dataset-name", "jsonl", "--dataset-path", str(data), "--num-prompts", "1000",
+             "--request-rate", "20", "--num-processes", str(num_processes),
+             "--save-result", str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        time.sleep(4.0)
+        os.killpg(bench.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C
+        stdout, stderr = bench.communicate(timeout=60)
+        assert bench.returncode == 0, stderr
+        result = json.loads(out.read_text())
+        assert result["interrupted"] is True
+        assert 0 < result["completed"] < 1000 and result["failed"] == 0
+        assert result["completed"] + result["num_cancelled"] < 1000
+        assert "cancelled by Ctrl-C" in stdout
+    finally:
+        server.kill()
+        server.wait()
