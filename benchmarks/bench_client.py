@@ -77,7 +77,7 @@ def measure_step(url: str, rate: float, num_processes: int, args) -> dict:
     output = run_load(Target(url, model="sim"), prompts, LoadShape(request_rate=rate, seed=1),
                       num_processes=num_processes)
     cpu_s = time.process_time() - cpu_before_s
-    summary = summarize(output.results, output.duration_s, start_s=output.start_s)
+    summary = summarize(output.results, output.duration_s)
     lag_s = np.array([r.start_s - r.scheduled_s for r in output.results])
     achieved = summary["request_throughput"]
     p99_lag_s = float(np.percentile(lag_s, 99)) if len(lag_s) else float("inf")

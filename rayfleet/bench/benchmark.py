@@ -99,7 +99,7 @@ def result_dict(config: BenchConfig, output: RunOutput) -> dict:
         result.update(ramp_up_strategy=shape.ramp_up_strategy,
                       ramp_up_start_rps=shape.ramp_up_start_rps,
                       ramp_up_end_rps=shape.ramp_up_end_rps)
-    result.update(summarize(output.results, output.duration_s, start_s=output.start_s,
+    result.update(summarize(output.results, output.duration_s,
                             goodput_ms=config.goodput_ms, percentiles=config.percentiles,
                             price_per_hour=config.price_per_hour))
     result["latencies"] = [r.e2e_s for r in output.results]

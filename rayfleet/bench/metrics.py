@@ -110,25 +110,40 @@ def percentile_label(p: float) -> str:
     return str(int(p)) if int(p) == p else str(p)
 
 
-def output_tokens_per_second(results: Sequence[RequestResult], start_s: float) -> list[int]:
-    """Output tokens of each one-second bucket of the run (one token per streamed chunk)."""
+def output_tokens_per_second(results: Sequence[RequestResult]) -> list[int]:
+    """Output tokens in each one-second bucket from the first successful request's start
+    (one token per streamed chunk), as vLLM buckets them."""
     ok = [r for r in results if r.ok]
     if not ok:
         return []
+    origin_s = min(r.start_s for r in ok)
     times = []
     for r in ok:
         first = r.start_s + r.ttft_s
         times.append(first)
         times.extend(first + np.cumsum(r.itl_s))
-    buckets = np.floor(np.asarray(times) - start_s).astype(int)
+    buckets = np.floor(np.asarray(times) - origin_s).astype(int)
     return np.bincount(buckets[buckets >= 0]).tolist()
 
 
-def peak_concurrency(results: Sequence[RequestResult]) -> int:
-    """The most requests in flight at once (successful ones, as vLLM counts)."""
-    events = sorted(
-        [(r.start_s, 1) for r in results if r.ok] + [(r.start_s + r.e2e_s, -1) for r in results if r.ok]
-    )
+def max_requests_per_second_bucket(results: Sequence[RequestResult]) -> int:
+    """vLLM's ``max_concurrent_requests``: the most successful requests active during any
+    one-second bucket (a request counts in every bucket it touches)."""
+    ok = [r for r in results if r.ok]
+    if not ok:
+        return 0
+    origin_s = min(r.start_s for r in ok)
+    active: Counter[int] = Counter()
+    for r in ok:
+        first, last = int(r.start_s - origin_s), int(r.start_s + r.e2e_s - origin_s)
+        active.update(range(first, last + 1))
+    return max(active.values())
+
+
+def peak_in_flight(results: Sequence[RequestResult]) -> int:
+    """The most successful requests in flight at the same instant."""
+    events = sorted([(r.start_s, 1) for r in results if r.ok]
+                    + [(r.start_s + r.e2e_s, -1) for r in results if r.ok])
     running = peak = 0
     for _, step in events:
         running += step
@@ -157,7 +172,6 @@ def summarize(
     results: Sequence[RequestResult],
     duration_s: float,
     *,
-    start_s: float,
     goodput_ms: dict[str, float] | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     price_per_hour: float | None = None,
@@ -167,7 +181,7 @@ def summarize(
     lat = latencies(results)
     num_input = sum(r.num_input_tokens for r in ok)
     num_output = sum(r.num_output_tokens for r in ok)
-    per_second = output_tokens_per_second(results, start_s)
+    per_second = output_tokens_per_second(results)
     duration_s = max(duration_s, 1e-9)
     summary: dict = {
         "duration": duration_s,
@@ -180,7 +194,7 @@ def summarize(
         "output_throughput": num_output / duration_s,
         "total_token_throughput": (num_input + num_output) / duration_s,
         "max_output_tokens_per_s": float(max(per_second, default=0)),
-        "max_concurrent_requests": peak_concurrency(results),
+        "max_concurrent_requests": max_requests_per_second_bucket(results),
     }
     for name in LATENCY_METRICS:
         summary.update(stats_ms(name, getattr(lat, name), percentiles))
@@ -200,6 +214,7 @@ def _ours(results, duration_s, num_output, num_input, price_per_hour, per_second
         "cost_per_million_output_tokens": cost_per_million(price_per_hour, duration_s, num_output),
         "cost_per_million_total_tokens": cost_per_million(
             price_per_hour, duration_s, num_output + num_input),
+        "max_in_flight_requests": peak_in_flight(results),
         "output_tokens_per_s_timeline": per_second,
     }
 

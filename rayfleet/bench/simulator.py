@@ -59,13 +59,15 @@ DONE = b"data: [DONE]\n\n"
 
 
 def make_app(spec: SimulatorSpec) -> web.Application:
-    """The simulator's aiohttp app: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``."""
-    counter = itertools.count(1)
+    """The simulator's aiohttp app: ``/v1/completions``, ``/v1/chat/completions``,
+    ``/v1/models``, and ``/simulator/stats`` (requests seen so far)."""
+    seen = {"num_requests": 0}
     replicas = itertools.cycle(spec.replica_names) if spec.replica_names else None
     chunks = {False: token_chunk(False), True: token_chunk(True)}
 
     async def generate(request: web.Request) -> web.StreamResponse:
-        number = next(counter)
+        seen["num_requests"] += 1
+        number = seen["num_requests"]
         body = await request.json()
         headers = {REPLICA_HEADER: next(replicas)} if replicas else {}
         if spec.fail_every and number % spec.fail_every == 0:
@@ -94,6 +96,9 @@ def make_app(spec: SimulatorSpec) -> web.Application:
                 return
         await response.write(usage_chunk(len(str(body.get("prompt", ""))) // 4, num_tokens) + DONE)
 
+    async def stats(request: web.Request) -> web.Response:
+        return web.json_response(seen)
+
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "sim", "object": "model"}]})
 
@@ -101,6 +106,7 @@ def make_app(spec: SimulatorSpec) -> web.Application:
     app.router.add_post("/v1/completions", generate)
     app.router.add_post("/v1/chat/completions", generate)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/simulator/stats", stats)
     return app
 
 

@@ -119,3 +119,41 @@ def test_chat_endpoint_and_prefix_dataset(vllm_tiny, tiny_model, tmp_path):
     # The server counts the chat template too, so it reports more than the prompt itself.
     assert result["total_input_tokens"] > 40 * (128 + 16)
     assert result["endpoint_type"] == "openai-chat"
+
+
+def test_metrics_equal_vllm_calculate_metrics_on_the_same_requests(vllm_tiny, tiny_model):
+    """Same requests in, same numbers out: our metric code against vLLM's, key by key."""
+    from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput
+    from vllm.benchmarks.serve import calculate_metrics
+
+    from rayfleet.bench.client import Target
+    from rayfleet.bench.datasets import DatasetSpec, load_tokenizer, make_prompts
+    from rayfleet.bench.load import LoadShape
+    from rayfleet.bench.metrics import summarize
+    from rayfleet.bench.runner import run_load
+
+    tokenizer = load_tokenizer(str(tiny_model))
+    prompts = make_prompts(DatasetSpec(num_prompts=40, random_input_len=32, random_output_len=16,
+                                       random_range_ratio=0.5), tokenizer)
+    output = run_load(Target(vllm_tiny.url, model="tiny", ignore_eos=True), prompts,
+                      LoadShape(max_concurrency=8))
+    theirs_in = [
+        RequestFuncOutput(success=r.ok, latency=r.e2e_s, output_tokens=r.num_output_tokens,
+                          ttft=r.ttft_s, itl=r.itl_s, prompt_len=r.num_input_tokens,
+                          start_time=r.start_s, generated_text="x")
+        for r in output.results
+    ]
+    slos = {"ttft": 50.0, "tpot": 5.0}
+    theirs, _ = calculate_metrics([], theirs_in, output.duration_s, tokenizer, [90.0, 99.0], slos)
+    ours = summarize(output.results, output.duration_s, goodput_ms=slos)
+    assert theirs.completed == ours["completed"] == 40
+    for key in ("total_input", "total_output"):
+        assert getattr(theirs, key) == ours[f"{key}_tokens"]
+    for key in ("request_throughput", "request_goodput", "output_throughput",
+                "total_token_throughput", "max_concurrent_requests", "max_output_tokens_per_s"):
+        assert getattr(theirs, key) == pytest.approx(ours[key]), (key, getattr(theirs, key), ours[key])
+    for name in ("ttft", "tpot", "itl", "e2el"):
+        for stat in ("mean", "median", "std"):
+            assert getattr(theirs, f"{stat}_{name}_ms") == pytest.approx(ours[f"{stat}_{name}_ms"])
+        for p, value in getattr(theirs, f"percentiles_{name}_ms"):
+            assert value == pytest.approx(ours[f"p{int(p)}_{name}_ms"]), (name, p)

@@ -8,13 +8,14 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
 from rayfleet.bench.client import Target
 from rayfleet.bench.datasets import Prompt
 from rayfleet.bench.load import LoadShape
-from rayfleet.bench.metrics import peak_concurrency
+from rayfleet.bench.metrics import peak_in_flight
 from rayfleet.bench.runner import run_load
 from rayfleet.bench.simulator import SimulatorSpec, SimulatorThread
 
@@ -25,7 +26,7 @@ def test_max_concurrency_caps_requests_in_flight():
     with SimulatorThread(SimulatorSpec(token_delay_s=0.005)) as sim:
         output = run_load(Target(sim.url, model="sim"), PROMPTS, LoadShape(max_concurrency=4))
     assert len(output.results) == 60 and all(r.ok for r in output.results)
-    assert peak_concurrency(output.results) == 4
+    assert peak_in_flight(output.results) == 4
     assert not output.interrupted and output.num_cancelled == 0
 
 
@@ -51,6 +52,17 @@ def test_several_processes_split_the_schedule_and_merge_results():
     assert {r.replica for r in output.results} == {"a", "b"}
 
 
+def wait_for_requests(url: str, num_requests: int, timeout_s: float = 60.0) -> None:
+    """Poll the simulator until the bench has sent ``num_requests``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url + "/simulator/stats", timeout=5) as response:
+            if json.load(response)["num_requests"] >= num_requests:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"the bench sent fewer than {num_requests} requests in {timeout_s:.0f} s")
+
+
 SERVE_SLOWLY = """
 import sys, time
 from rayfleet.bench.simulator import SimulatorSpec, SimulatorThread
@@ -74,7 +86,7 @@ def test_ctrl_c_stops_and_still_writes_results(tmp_path, num_processes):
              "--request-rate", "20", "--num-processes", str(num_processes),
              "--save-result", str(out)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        time.sleep(4.0)
+        wait_for_requests(url, 30)  # 1.5 s at 20 req/s: the first ones have finished
         os.killpg(bench.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C
         stdout, stderr = bench.communicate(timeout=60)
         assert bench.returncode == 0, stderr
