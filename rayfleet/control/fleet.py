@@ -160,6 +160,7 @@ class FleetProcess:
 
     async def _main(self) -> None:
         from rayfleet.gateway.app import Gateway, start_gateway
+        from rayfleet.gateway.policies import Policies
 
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
@@ -178,6 +179,7 @@ class FleetProcess:
                 connect_timeout_s=self.config.gateway.connect_timeout_s,
                 request_timeout_s=self.config.gateway.request_timeout_s,
                 status_extra=cluster_status,
+                policies=Policies.from_fleet(self.config),
             )
             runner = await start_gateway(gateway, self.config.gateway.host, self.config.gateway.port)
             ready = asyncio.create_task(self._wait_until_ready(gateway))

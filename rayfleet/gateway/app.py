@@ -42,6 +42,7 @@ from rayfleet.gateway.errors import (
     sse_error_event,
 )
 from rayfleet.gateway.metrics import GatewayMetrics
+from rayfleet.gateway.policies import Policies
 from rayfleet.gateway.replicas import Replica, ReplicaSet
 from rayfleet.gateway.validate import INPUT_FIELDS, parse_request
 
@@ -50,6 +51,7 @@ log = logging.getLogger("rayfleet.gateway")
 EntrySource = Callable[[], Awaitable[list[dict]]]
 StatusExtra = Callable[[], Awaitable[dict]]
 
+ROUTE_HEADER = "x-rayfleet-route"
 _FORWARDED_REQUEST_HEADERS = ("authorization", "x-request-id")
 _RETRY = object()
 _UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
@@ -64,10 +66,20 @@ class Gateway:
         connect_timeout_s: float = 5.0,
         request_timeout_s: float = 600.0,
         poll_interval_s: float = 1.0,
-        cooldown_s: float = 5.0,
+        cooldown_s: Optional[float] = None,
         status_extra: Optional[StatusExtra] = None,
+        policies: Optional[Policies] = None,
     ):
-        self.replica_set = ReplicaSet(models, cooldown_s=cooldown_s)
+        self.policies = policies if policies is not None else Policies.plain(models)
+        self.replica_set = ReplicaSet(
+            models,
+            cooldown_s=cooldown_s if cooldown_s is not None else self.policies.cooldown_s,
+            max_consecutive_failures=self.policies.max_consecutive_failures,
+        )
+        # A gateway key is for the gateway: do not hand it to the replicas.
+        self._forwarded_headers = tuple(
+            h for h in _FORWARDED_REQUEST_HEADERS if not (self.policies.keys and h == "authorization")
+        )
         self.metrics = GatewayMetrics()
         self.source = source
         self.status_extra = status_extra
@@ -81,7 +93,8 @@ class Gateway:
     # -- application -----------------------------------------------------------------
 
     def build_app(self) -> web.Application:
-        app = web.Application(middlewares=[_json_http_errors], client_max_size=64 * 1024**2)
+        cap = self.policies.default_limits.max_body_bytes
+        app = web.Application(middlewares=[_json_http_errors], client_max_size=cap or 64 * 1024**2)
         app.router.add_get("/v1/models", self.list_models)
         for path in INPUT_FIELDS:
             app.router.add_post(path, self._proxy_for(path))
@@ -97,6 +110,9 @@ class Gateway:
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=self.timeout, auto_decompress=False
         )
+        needed = self.policies.tokenizers_needed()
+        if needed:
+            await asyncio.to_thread(self.policies.counter.load, needed)
         if self.source is not None:
             await self.refresh()
             self._poller = asyncio.create_task(self._poll_forever())
@@ -131,7 +147,20 @@ class Gateway:
 
     # -- small endpoints -------------------------------------------------------------
 
-    async def list_models(self, _request: web.Request) -> web.Response:
+    def _keyed(self, request: web.Request, open_: bool) -> Optional[web.Response]:
+        """None when the request may proceed, else the 401 to answer."""
+        if open_ or not self.policies.keys:
+            return None
+        try:
+            self.policies.authenticate(request.headers)
+        except RequestError as exc:
+            return self._refuse(exc, "")
+        return None
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        refused = self._keyed(request, open_=False)
+        if refused is not None:
+            return refused
         created = int(time.time())
         data = [
             {
@@ -143,11 +172,19 @@ class Gateway:
             }
             for model in self.replica_set.models
         ]
+        data += [
+            {"id": route, "object": "model", "created": created, "owned_by": "rayfleet",
+             "route": True}
+            for route in self.policies.routes
+        ]
         return web.json_response(
             {"object": "list", "data": data}, headers={REPLICA_HEADER: GATEWAY_REPLICA}
         )
 
-    async def health(self, _request: web.Request) -> web.Response:
+    async def health(self, request: web.Request) -> web.Response:
+        refused = self._keyed(request, self.policies.open_health)
+        if refused is not None:
+            return refused
         models = {m: self.replica_set.num_healthy(m) for m in self.replica_set.models}
         ready = all(models.values())
         return web.json_response(
@@ -156,7 +193,10 @@ class Gateway:
             headers={REPLICA_HEADER: GATEWAY_REPLICA},
         )
 
-    async def prometheus(self, _request: web.Request) -> web.Response:
+    async def prometheus(self, request: web.Request) -> web.Response:
+        refused = self._keyed(request, self.policies.open_metrics)
+        if refused is not None:
+            return refused
         return web.Response(
             body=self.metrics.render(),
             headers={"Content-Type": "text/plain; version=0.0.4", REPLICA_HEADER: GATEWAY_REPLICA},
@@ -185,33 +225,85 @@ class Gateway:
 
     async def _proxy(self, request: web.Request, path: str) -> web.StreamResponse:
         started = time.perf_counter()
-        raw = await request.read()
+        policies = self.policies
         try:
+            key = policies.authenticate(request.headers)
+            self._check_declared_size(request)
+            raw = await request.read()
             parsed = parse_request(path, raw)
-            self._check_model(parsed.model)
+            admission = policies.admit(
+                path, parsed, len(raw), request.headers, self._usable, key
+            )
         except RequestError as exc:
-            self.metrics.errors.labels(getattr(exc, "model", ""), exc.reason).inc()
-            self.metrics.requests.labels("", GATEWAY_REPLICA, str(exc.status)).inc()
-            return exc.response()
+            return self._refuse(exc, getattr(exc, "model", ""))
+        try:
+            return await self._route(request, path, raw, admission, started)
+        finally:
+            admission.release()
 
-        model = parsed.model
-        headers = {"Content-Type": "application/json"}
-        for name in _FORWARDED_REQUEST_HEADERS:
-            if name in request.headers:
-                headers[name] = request.headers[name]
+    def _check_declared_size(self, request: web.Request) -> None:
+        cap = self.policies.default_limits.max_body_bytes
+        if cap is not None and request.content_length is not None and request.content_length > cap:
+            raise RequestError(413, f"Request body is {request.content_length} bytes; the limit "
+                               f"is {cap} bytes.", code="body_too_large", reason="body_too_large")
 
+    def _usable(self, model: str) -> bool:
+        return self.replica_set.num_healthy(model) > 0
+
+    def _refuse(self, error: RequestError, model: str) -> web.Response:
+        self.metrics.errors.labels(model, error.reason).inc()
+        self.metrics.requests.labels(model, GATEWAY_REPLICA, str(error.status)).inc()
+        return error.response()
+
+    async def _route(self, request, path, raw, admission, started) -> web.StreamResponse:
+        """Send an admitted request to the fleet, falling back to a provider when allowed."""
+        metrics = self.metrics
+        requested = admission.requested
+        if admission.key is not None:
+            metrics.key_requests.labels(admission.key.name).inc()
+        if admission.clamped:
+            metrics.clamped.labels(requested).inc()
+        extra = {}
+        if admission.route_rule is not None:
+            extra[ROUTE_HEADER] = admission.route_rule
+            target = admission.model or admission.provider.label
+            metrics.routes.labels(requested, admission.route_rule, target).inc()
+        upstream_timeout = self._timeout_for(admission)
+        if admission.provider is not None:
+            return await self._to_provider(request, path, admission, admission.provider,
+                                           admission.provider_model, "rule", extra, started)
+
+        model = admission.model
+        when = self.policies.fallback
+        headers = self._upstream_headers(request)
+        body = admission.fleet_body(raw)
         tried: list[str] = []
+        reason = "no_replica"
         while len(tried) < 2:
             replica = self.replica_set.pick(model, exclude=tried)
             if replica is None:
                 break
+            if (not tried and when.max_queue_depth is not None
+                    and replica.num_inflight >= when.max_queue_depth):
+                fallback = self.policies.fallback_for(admission)
+                if fallback is not None:
+                    return await self._to_provider(request, path, admission, *fallback,
+                                                   "queue_depth", extra, started)
             if tried:
-                self.metrics.retries.labels(model).inc()
+                metrics.retries.labels(model).inc()
             tried.append(replica.replica_id)
-            result = await self._forward(request, replica, path, raw, headers, started)
+            result = await self._forward(request, replica.url + path, replica.replica_id, model,
+                                         body, headers, started, replica=replica, extra=extra,
+                                         timeout=upstream_timeout, admission=admission)
             if result is not _RETRY:
                 return result
+            reason = "failure"
 
+        allowed = when.on_failure if tried else when.on_no_replica
+        fallback = self.policies.fallback_for(admission) if allowed else None
+        if fallback is not None:
+            return await self._to_provider(request, path, admission, *fallback, reason, extra,
+                                           started)
         if tried:
             error = RequestError(
                 502,
@@ -228,96 +320,142 @@ class Gateway:
                 code="no_healthy_replica",
                 reason="no_replica",
             )
-        self.metrics.errors.labels(model, error.reason).inc()
-        self.metrics.requests.labels(model, GATEWAY_REPLICA, str(error.status)).inc()
-        return error.response()
+        return self._refuse(error, model)
 
-    def _check_model(self, model: str) -> None:
-        if model in self.replica_set.models:
-            return
-        served = ", ".join(self.replica_set.models)
-        error = RequestError(
-            404,
-            f"The model '{model}' does not exist. Models served: {served}.",
-            param="model",
-            code="model_not_found",
-            reason="unknown_model",
+    async def _to_provider(self, request, path, admission, provider, provider_model, reason,
+                           extra, started) -> web.StreamResponse:
+        self.metrics.fallbacks.labels(admission.requested, provider.name, reason).inc()
+        body = provider.body_for(admission.body, provider_model)
+        timeout = self._timeout_for(admission, provider.timeout)
+        result = await self._forward(request, provider.url(path), provider.label,
+                                     admission.requested, body, provider.headers, started,
+                                     extra=extra, timeout=timeout, admission=admission)
+        if result is _RETRY:
+            error = RequestError(
+                502, f"Fallback provider '{provider.name}' failed before responding. "
+                "Retry the request.", code="upstream_failed", reason="fallback_failed")
+            return self._refuse(error, admission.requested)
+        return result
+
+    def _upstream_headers(self, request: web.Request) -> dict:
+        headers = {"Content-Type": "application/json"}
+        for name in self._forwarded_headers:
+            if name in request.headers:
+                headers[name] = request.headers[name]
+        return headers
+
+    def _timeout_for(self, admission, base: Optional[aiohttp.ClientTimeout] = None):
+        cls = admission.priority_class
+        if cls is None or (cls.timeout_s is None and cls.stream_idle_timeout_s is None):
+            return base
+        base = base or self.timeout
+        return aiohttp.ClientTimeout(
+            total=min(cls.timeout_s or base.total, base.total),
+            sock_connect=base.sock_connect or self.timeout.sock_connect,
+            sock_read=cls.stream_idle_timeout_s,
         )
-        raise error
 
     async def _forward(
         self,
         request: web.Request,
-        replica: Replica,
-        path: str,
+        url: str,
+        label: str,
+        model: str,
         raw: bytes,
         headers: dict,
         started: float,
+        *,
+        replica: Optional[Replica] = None,
+        extra: Optional[dict] = None,
+        timeout: Optional[aiohttp.ClientTimeout] = None,
+        admission=None,
     ):
-        """Send one request to one replica; _RETRY when it failed before the first byte."""
-        model, rid = replica.model, replica.replica_id
-        inflight = self.metrics.inflight.labels(model, rid)
-        self.replica_set.begin(replica)
+        """Send one request upstream; _RETRY when it failed before the first byte."""
+        inflight = self.metrics.inflight.labels(model, label)
+        if replica is not None:
+            self.replica_set.begin(replica)
         inflight.inc()
         upstream: Optional[aiohttp.ClientResponse] = None
         finished = False
         try:
             try:
-                upstream = await self._session.post(replica.url + path, data=raw, headers=headers)
+                if timeout is None:
+                    upstream = await self._session.post(url, data=raw, headers=headers)
+                else:
+                    upstream = await self._session.post(url, data=raw, headers=headers,
+                                                        timeout=timeout)
+            except aiohttp.ConnectionTimeoutError as exc:
+                log.warning("%s unreachable: %r", label, exc)
+                self._replica_failed(replica, model, "upstream_connect")
+                return _RETRY
+            except asyncio.TimeoutError:
+                return self._refuse(self._timed_out(admission, timeout), model)
             except _UPSTREAM_ERRORS as exc:
-                log.warning("replica %s unreachable: %r", rid, exc)
-                self._replica_failed(replica, "upstream_connect")
+                log.warning("%s unreachable: %r", label, exc)
+                self._replica_failed(replica, model, "upstream_connect")
                 return _RETRY
             if upstream.status >= 500:
-                log.warning("replica %s answered %s", rid, upstream.status)
-                self._replica_failed(replica, "upstream_status")
+                log.warning("%s answered %s", label, upstream.status)
+                self._replica_failed(replica, model, "upstream_status")
                 return _RETRY
 
             response = web.StreamResponse(status=upstream.status)
             response.content_type = upstream.content_type
             if upstream.charset:
                 response.charset = upstream.charset
-            response.headers[REPLICA_HEADER] = rid
+            response.headers[REPLICA_HEADER] = label
+            if extra:
+                response.headers.update(extra)
             if upstream.content_length is not None:
                 response.content_length = upstream.content_length
             streaming = upstream.content_type == "text/event-stream"
             await response.prepare(request)
 
             first_byte_at = None
-            broken = False
+            broken = timed_out = False
             while True:
                 try:
                     chunk = await upstream.content.readany()
+                except asyncio.TimeoutError:
+                    timed_out = True
+                    break
                 except _UPSTREAM_ERRORS as exc:
-                    log.warning("replica %s broke mid-response: %r", rid, exc)
+                    log.warning("%s broke mid-response: %r", label, exc)
                     broken = True
                     break
                 if not chunk:
                     break
                 if first_byte_at is None:
                     first_byte_at = time.perf_counter()
-                    self.metrics.ttfb.labels(model, rid).observe(first_byte_at - started)
+                    self.metrics.ttfb.labels(model, label).observe(first_byte_at - started)
                 await response.write(chunk)
 
-            if broken:
-                self._replica_failed(replica, "stream_broken")
+            if timed_out:
+                error = self._timed_out(admission, timeout)
+                self.metrics.errors.labels(model, error.reason).inc()
+                if streaming:
+                    await response.write(sse_error_event(error.message, "timeout", 408))
+            elif broken:
+                self._replica_failed(replica, model, "stream_broken")
                 if streaming:
                     await response.write(
-                        sse_error_event(f"replica {rid} failed mid-stream; the response is incomplete")
+                        sse_error_event(f"{label} failed mid-stream; the response is incomplete")
                     )
             else:
                 finished = True
-                self.replica_set.succeeded(replica)
+                if replica is not None:
+                    self.replica_set.succeeded(replica)
             await response.write_eof()
-            self.metrics.latency.labels(model, rid).observe(time.perf_counter() - started)
-            self.metrics.requests.labels(model, rid, str(upstream.status)).inc()
+            self.metrics.latency.labels(model, label).observe(time.perf_counter() - started)
+            self.metrics.requests.labels(model, label, str(upstream.status)).inc()
             return response
         except (asyncio.CancelledError, ConnectionResetError):
             # The client went away: closing the upstream connection makes vLLM abort.
             self.metrics.errors.labels(model, "client_disconnect").inc()
             raise
         finally:
-            self.replica_set.end(replica)
+            if replica is not None:
+                self.replica_set.end(replica)
             inflight.dec()
             if upstream is not None:
                 if finished:
@@ -325,9 +463,23 @@ class Gateway:
                 else:
                     upstream.close()
 
-    def _replica_failed(self, replica: Replica, reason: str) -> None:
-        self.replica_set.failed(replica)
-        self.metrics.errors.labels(replica.model, reason).inc()
+    @staticmethod
+    def _timed_out(admission, timeout) -> RequestError:
+        cls = admission.priority_class if admission is not None else None
+        limit = f" of priority class '{cls.name}'" if cls is not None else ""
+        if timeout is not None and timeout.sock_read and cls and cls.stream_idle_timeout_s:
+            detail = (f"exceeded the time limit{limit} ({timeout.total:g} s total, "
+                      f"{timeout.sock_read:g} s without output)")
+        else:
+            total = timeout.total if timeout is not None else None
+            detail = f"exceeded the time limit{limit}" + (f" ({total:g} s)" if total else "")
+        return RequestError(408, f"The request {detail}; the upstream request was aborted.",
+                            code="timeout", reason="timeout")
+
+    def _replica_failed(self, replica: Optional[Replica], model: str, reason: str) -> None:
+        self.metrics.errors.labels(model, reason).inc()
+        if replica is not None and self.replica_set.failed(replica):
+            self.metrics.cooldowns.labels(replica.model, replica.replica_id).inc()
 
 
 @web.middleware
@@ -341,7 +493,7 @@ async def _json_http_errors(request: web.Request, handler):
         message = {
             404: f"Unknown endpoint {request.method} {request.path}.",
             405: f"Method {request.method} is not allowed on {request.path}.",
-            413: "Request body too large.",
+            413: f"Request body too large (limit {request.app._client_max_size} bytes).",
         }.get(exc.status, exc.reason)
         return openai_error(exc.status, message)
 

@@ -36,8 +36,10 @@ class RequestError(Exception):
         param: Optional[str] = None,
         code: Optional[str] = None,
         reason: str = "bad_request",
+        headers: Optional[dict[str, str]] = None,
     ):
         super().__init__(message)
+        self.headers = headers
         self.status = status
         self.message = message
         self.param = param
@@ -45,9 +47,12 @@ class RequestError(Exception):
         self.reason = reason
 
     def response(self, replica: str = GATEWAY_REPLICA) -> web.Response:
-        return openai_error(
+        response = openai_error(
             self.status, self.message, param=self.param, code=self.code, replica=replica
         )
+        if self.headers:
+            response.headers.update(self.headers)
+        return response
 
 
 def error_body(status: int, message: str, *, param=None, code=None) -> dict:
@@ -77,7 +82,7 @@ def openai_error(
     )
 
 
-def sse_error_event(message: str, code: str = "upstream_error") -> bytes:
-    """A final SSE event for a stream that broke after its first byte."""
-    body = error_body(502, message, code=code)
+def sse_error_event(message: str, code: str = "upstream_error", status: int = 502) -> bytes:
+    """A final SSE event for a stream that broke (or timed out) after its first byte."""
+    body = error_body(status, message, code=code)
     return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"

@@ -21,7 +21,9 @@ class GatewayMetrics:
         self.errors = Counter(
             "rayfleet_request_errors_total",
             "Failed requests by model and reason (bad_request, unknown_model, no_replica, "
-            "upstream_connect, upstream_status, stream_broken, client_disconnect, timeout).",
+            "upstream_connect, upstream_status, stream_broken, client_disconnect, timeout, "
+            "unauthorized, forbidden_model, rate_limited_*, limit_*, body_too_large, "
+            "context_length, no_route_target).",
             ["model", "reason"],
             registry=self.registry,
         )
@@ -55,6 +57,38 @@ class GatewayMetrics:
             "rayfleet_replicas",
             "Replicas registered for a model, by health as seen by the gateway.",
             ["model", "state"],
+            registry=self.registry,
+        )
+
+        self.routes = Counter(
+            "rayfleet_route_decisions_total",
+            "Requests to a route, by the rule that fired and its target.",
+            ["route", "rule", "target"],
+            registry=self.registry,
+        )
+        self.fallbacks = Counter(
+            "rayfleet_fallback_requests_total",
+            "Requests sent to a fallback provider, by reason (rule, no_replica, queue_depth, "
+            "failure).",
+            ["model", "provider", "reason"],
+            registry=self.registry,
+        )
+        self.key_requests = Counter(
+            "rayfleet_api_key_requests_total",
+            "Requests admitted, by API key name.",
+            ["key"],
+            registry=self.registry,
+        )
+        self.clamped = Counter(
+            "rayfleet_max_tokens_clamped_total",
+            "Requests whose max_tokens the gateway lowered to the configured cap.",
+            ["model"],
+            registry=self.registry,
+        )
+        self.cooldowns = Counter(
+            "rayfleet_replica_cooldowns_total",
+            "Times a replica was taken out of rotation after failing in a row.",
+            ["model", "replica"],
             registry=self.registry,
         )
 

@@ -5,8 +5,10 @@ reports (entries are dicts ``{"replica_id", "model", "url", "node_id", "node_ip"
 "pid"}``), keeping the in-flight counts of replicas that stay. ``pick(model,
 exclude)`` returns the healthy replica with the fewest requests in flight (ties go
 round-robin) or None. ``begin`` / ``end`` count a request in and out; ``failed``
-takes a replica out of rotation for ``cooldown_s`` so that a dead server is not
-picked again before the registry notices it.
+takes a replica out of rotation for ``cooldown_s`` once it has failed
+``max_consecutive_failures`` times in a row, so that a dead server is not picked
+again before the registry notices it; after the cool-down it is tried again, and
+one more failure sends it straight back (one success resets the count).
 """
 
 from __future__ import annotations
@@ -44,13 +46,16 @@ class Replica:
             "healthy": self.healthy(now),
             "inflight": self.num_inflight,
             "consecutive_failures": self.num_consecutive_failures,
+            "cooldown_remaining_s": round(max(0.0, self.cooldown_until - now), 1),
         }
 
 
 class ReplicaSet:
-    def __init__(self, models: Iterable[str], *, cooldown_s: float = 5.0):
+    def __init__(self, models: Iterable[str], *, cooldown_s: float = 5.0,
+                 max_consecutive_failures: int = 1):
         self.models = list(models)
         self.cooldown_s = cooldown_s
+        self.max_consecutive_failures = max_consecutive_failures
         self._by_model: dict[str, list[Replica]] = {m: [] for m in self.models}
         self._by_id: dict[str, Replica] = {}
         self._tiebreak = itertools.count()
@@ -110,6 +115,10 @@ class ReplicaSet:
     def succeeded(self, replica: Replica) -> None:
         replica.num_consecutive_failures = 0
 
-    def failed(self, replica: Replica) -> None:
+    def failed(self, replica: Replica) -> bool:
+        """Count a failure; True when it takes the replica out of rotation."""
         replica.num_consecutive_failures += 1
-        replica.cooldown_until = time.monotonic() + self.cooldown_s
+        if replica.num_consecutive_failures >= self.max_consecutive_failures:
+            replica.cooldown_until = time.monotonic() + self.cooldown_s
+            return True
+        return False

@@ -1,0 +1,99 @@
+"""API keys: stored only as SHA-256 hashes, looked up by the hash of what a client sends.
+
+Make the hash of a key for fleet.yaml's ``key_sha256``::
+
+    python -m rayfleet.gateway.auth < keyfile          # or: echo -n "$KEY" | python -m ...
+    python -c "from rayfleet.gateway.auth import hash_key; print(hash_key('sk-...'))"
+
+Keys are never logged; errors name the key's configured ``name`` only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from rayfleet.errors import ConfigError
+from rayfleet.gateway.errors import RequestError
+from rayfleet.gateway.limits import KeyQuota
+
+
+def hash_key(key: str) -> str:
+    """``sha256:<hex>`` of a key, the form fleet.yaml stores."""
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def read_key_file(path: str) -> str:
+    try:
+        text = Path(path).expanduser().read_text()
+    except OSError as exc:
+        raise ConfigError(f"api key file {path}: cannot read ({exc.strerror})") from None
+    key = text.strip().splitlines()[0].strip() if text.strip() else ""
+    if not key:
+        raise ConfigError(f"api key file {path} is empty; put the key on its first line")
+    return key
+
+
+@dataclass
+class ApiKey:
+    name: str
+    priority_class: Optional[str]
+    models: Optional[frozenset[str]]
+    quota: KeyQuota
+    hashed: str = field(repr=False, default="")
+
+    def check_model(self, model: str) -> None:
+        if self.models is not None and model not in self.models:
+            raise RequestError(
+                403,
+                f"API key '{self.name}' may not use model '{model}'; it may use: "
+                f"{', '.join(sorted(self.models))}.",
+                param="model", code="model_not_allowed", reason="forbidden_model",
+            )
+
+
+class KeyTable:
+    """The configured keys, by hash."""
+
+    def __init__(self, keys: list[ApiKey]):
+        self._by_hash = {k.hashed: k for k in keys}
+
+    def __bool__(self) -> bool:
+        return bool(self._by_hash)
+
+    @classmethod
+    def from_config(cls, configs) -> "KeyTable":
+        keys = []
+        for c in configs:
+            hashed = c.key_sha256 or hash_key(read_key_file(c.key_file))
+            quota = KeyQuota(c.name, requests_per_minute=c.requests_per_minute,
+                             tokens_per_minute=c.tokens_per_minute, max_concurrent=c.max_concurrent)
+            models = frozenset(c.models) if c.models is not None else None
+            keys.append(ApiKey(c.name, c.priority_class, models, quota, hashed))
+        return cls(keys)
+
+    def authenticate(self, authorization: Optional[str]) -> ApiKey:
+        """The key of an ``Authorization: Bearer <key>`` header, or a 401."""
+        if not authorization:
+            raise RequestError(401, "Missing API key: send 'Authorization: Bearer <key>'.",
+                               code="missing_api_key", reason="unauthorized")
+        scheme, _, key = authorization.partition(" ")
+        found = self._by_hash.get(hash_key(key.strip())) if scheme.lower() == "bearer" else None
+        if found is None:
+            raise RequestError(401, "Incorrect API key provided.", code="invalid_api_key",
+                               reason="unauthorized")
+        return found
+
+
+def main() -> None:
+    key = sys.stdin.readline().strip() if len(sys.argv) < 2 else sys.argv[1]
+    if not key:
+        sys.exit("give the key on stdin (python -m rayfleet.gateway.auth < keyfile)")
+    print(hash_key(key))
+
+
+if __name__ == "__main__":
+    main()

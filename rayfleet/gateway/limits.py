@@ -1,0 +1,193 @@
+"""Caps on one request (OWASP API4), and the rate limits of API keys.
+
+``Limits`` is one model's caps, resolved from ``gateway.limits`` and the model's
+entry in ``gateway.model_limits``. ``check_request`` enforces them on a parsed body
+and clamps ``max_tokens`` when configured to. ``TokenBucket`` is the arithmetic of
+per-key rates: ``take(amount, now)`` returns 0 when admitted, else the seconds to
+wait. ``KeyQuota`` combines a key's request rate, token rate and concurrency.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from rayfleet.gateway.errors import RequestError
+
+MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_tokens: Optional[int] = None
+    max_tokens_action: str = "reject"
+    max_n: Optional[int] = None
+    max_body_bytes: Optional[int] = None
+    max_messages: Optional[int] = None
+    check_context: bool = True
+
+    @classmethod
+    def resolve(cls, base, override=None) -> "Limits":
+        """``gateway.limits`` with the fields ``override`` sets explicitly on top."""
+        values = base.model_dump()
+        if override is not None:
+            values.update({name: getattr(override, name) for name in override.model_fields_set})
+        return cls(**values)
+
+
+def requested_max_tokens(body: dict[str, Any]) -> Optional[int]:
+    for name in MAX_TOKENS_FIELDS:
+        value = body.get(name)
+        if value is not None:
+            return value
+    return None
+
+
+def check_body_size(limits: Limits, num_bytes: int, model: str) -> None:
+    if limits.max_body_bytes is not None and num_bytes > limits.max_body_bytes:
+        raise RequestError(
+            413,
+            f"Request body is {num_bytes} bytes; the limit for '{model}' is "
+            f"{limits.max_body_bytes} bytes.",
+            code="body_too_large",
+            reason="body_too_large",
+        )
+
+
+def check_request(limits: Limits, body: dict[str, Any], num_items: int, model: str) -> bool:
+    """Enforce max_tokens, n and message caps; True when the body was clamped."""
+    clamped = False
+    if limits.max_tokens is not None:
+        for name in MAX_TOKENS_FIELDS:
+            value = body.get(name)
+            if value is None or value <= limits.max_tokens:
+                continue
+            if limits.max_tokens_action == "clamp":
+                body[name] = limits.max_tokens
+                clamped = True
+            else:
+                raise RequestError(
+                    400,
+                    f"{name} is {value}; the limit for '{model}' is {limits.max_tokens}. "
+                    f"Ask for at most {limits.max_tokens} tokens.",
+                    param=name,
+                    code="max_tokens_over_limit",
+                    reason="limit_max_tokens",
+                )
+    n = body.get("n")
+    if limits.max_n is not None and n is not None and n > limits.max_n:
+        raise RequestError(
+            400, f"n is {n}; the limit for '{model}' is {limits.max_n}.",
+            param="n", code="n_over_limit", reason="limit_n",
+        )
+    if limits.max_messages is not None and num_items > limits.max_messages:
+        raise RequestError(
+            400,
+            f"The request has {num_items} messages; the limit for '{model}' is "
+            f"{limits.max_messages}.",
+            param="messages", code="too_many_messages", reason="limit_messages",
+        )
+    return clamped
+
+
+def check_context(model: str, context: int, prompt_tokens: int, max_tokens: Optional[int]) -> None:
+    wanted = prompt_tokens + (max_tokens or 0)
+    if wanted > context or prompt_tokens >= context:
+        asked = f"{prompt_tokens} prompt tokens" + (
+            f" plus max_tokens {max_tokens} = {wanted} tokens" if max_tokens else ""
+        )
+        raise RequestError(
+            400,
+            f"This model's maximum context length is {context} tokens; the request asks for "
+            f"{asked}. Shorten the prompt or lower max_tokens.",
+            param="max_tokens" if max_tokens else "messages",
+            code="context_length_exceeded",
+            reason="context_length",
+        )
+
+
+class TokenBucket:
+    """``capacity`` units, refilled at ``capacity`` per ``period_s``."""
+
+    __slots__ = ("capacity", "rate_per_s", "level", "updated")
+
+    def __init__(self, capacity: float, period_s: float = 60.0, now: float = 0.0):
+        self.capacity = float(capacity)
+        self.rate_per_s = capacity / period_s
+        self.level = float(capacity)
+        self.updated = now
+
+    def _refill(self, now: float) -> None:
+        if now > self.updated:
+            self.level = min(self.capacity, self.level + (now - self.updated) * self.rate_per_s)
+            self.updated = now
+
+    def wait_s(self, amount: float, now: float) -> float:
+        """Seconds until ``amount`` can be taken (0: now; inf: never, it exceeds capacity)."""
+        self._refill(now)
+        if amount > self.capacity:
+            return math.inf
+        return max(0.0, (amount - self.level) / self.rate_per_s)
+
+    def take(self, amount: float, now: float) -> float:
+        """Take ``amount`` and return 0, or take nothing and return the seconds to wait."""
+        wait = self.wait_s(amount, now)
+        if wait == 0.0:
+            self.level -= amount
+        return wait
+
+
+class KeyQuota:
+    """One API key's request rate, token rate and concurrency."""
+
+    def __init__(self, name: str, *, requests_per_minute=None, tokens_per_minute=None,
+                 max_concurrent=None, now: float = 0.0):
+        self.name = name
+        self.requests = TokenBucket(requests_per_minute, 60.0, now) if requests_per_minute else None
+        self.tokens = TokenBucket(tokens_per_minute, 60.0, now) if tokens_per_minute else None
+        self.max_concurrent = max_concurrent
+        self.num_inflight = 0
+
+    @property
+    def counts_tokens(self) -> bool:
+        return self.tokens is not None
+
+    def admit(self, num_tokens: int, now: float) -> None:
+        """Count one request in, or raise a 429 with the seconds to wait."""
+        if self.max_concurrent is not None and self.num_inflight >= self.max_concurrent:
+            raise _rate_limited(
+                f"API key '{self.name}' already has {self.num_inflight} requests in flight "
+                f"(limit {self.max_concurrent}).", 1.0, "concurrency")
+        waits = []
+        if self.requests is not None:
+            waits.append(("requests per minute", self.requests.wait_s(1, now),
+                          self.requests.capacity))
+        if self.tokens is not None:
+            waits.append(("tokens per minute", self.tokens.wait_s(num_tokens, now),
+                          self.tokens.capacity))
+        for what, wait, cap in waits:
+            if wait == math.inf:
+                raise _rate_limited(
+                    f"The request needs {num_tokens} tokens, more than API key '{self.name}' "
+                    f"may use per minute ({cap:.0f}). Lower max_tokens or shorten the prompt.",
+                    60.0, "tokens")
+            if wait > 0:
+                raise _rate_limited(
+                    f"API key '{self.name}' is over its limit of {cap:.0f} {what}.", wait,
+                    what.split()[0])
+        if self.requests is not None:
+            self.requests.take(1, now)
+        if self.tokens is not None:
+            self.tokens.take(num_tokens, now)
+        self.num_inflight += 1
+
+    def release(self) -> None:
+        self.num_inflight -= 1
+
+
+def _rate_limited(message: str, wait_s: float, what: str) -> RequestError:
+    retry_after = max(1, math.ceil(wait_s))
+    return RequestError(429, f"{message} Retry after {retry_after} s.",
+                        code="rate_limit_exceeded", reason=f"rate_limited_{what}",
+                        headers={"Retry-After": str(retry_after)})

@@ -1,0 +1,304 @@
+"""Every gateway policy, compiled once from fleet.yaml, applied to each request once.
+
+``Policies.from_fleet(config)`` builds the key table, limits per model, routes,
+fallback providers and priority classes. Per request the app calls
+``authenticate`` (before reading the body), then ``admit``, which returns an
+``Admission`` saying where the request goes and with which body, or raises a
+``RequestError``. The order follows DESIGN.md: auth, limits, route, context
+length, key quota, priority. ``Policies.plain(models)`` is the gateway without
+any policy (no keys, no routes, no caps beyond the engine's own).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable, Optional
+from zoneinfo import ZoneInfo
+
+from rayfleet.gateway.auth import ApiKey, KeyTable
+from rayfleet.gateway.errors import RequestError
+from rayfleet.gateway.fallback import Provider, first_provider
+from rayfleet.gateway.limits import (
+    Limits,
+    check_body_size,
+    check_context,
+    check_request,
+    requested_max_tokens,
+)
+from rayfleet.gateway.rules import Route, minute_of_day
+from rayfleet.gateway.tokens import Prompt, TokenCounter, context_length, prompt_of
+from rayfleet.gateway.validate import ParsedRequest
+
+Clock = Callable[[], datetime]
+
+
+@dataclass(frozen=True)
+class PriorityClass:
+    name: str
+    priority: int
+    timeout_s: Optional[float] = None
+    stream_idle_timeout_s: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class FallbackWhen:
+    on_no_replica: bool = True
+    on_failure: bool = True
+    max_queue_depth: Optional[int] = None
+
+
+class RequestFacts:
+    """What rules and limits read from one request, each computed at most once."""
+
+    __slots__ = ("path", "body", "priority_class", "_prompt", "_tokens", "_minute", "_policies")
+
+    def __init__(self, path: str, body: dict[str, Any], policies: "Policies"):
+        self.path = path
+        self.body = body
+        self.priority_class: Optional[str] = None
+        self._prompt: Optional[Prompt] = None
+        self._tokens: dict[Optional[str], int] = {}
+        self._minute: Optional[int] = None
+        self._policies = policies
+
+    @property
+    def prompt(self) -> Prompt:
+        if self._prompt is None:
+            self._prompt = prompt_of(self.path, self.body)
+        return self._prompt
+
+    def prompt_tokens(self, model: Optional[str]) -> int:
+        count = self._tokens.get(model)
+        if count is None:
+            count = self._tokens[model] = self._policies.counter.count(model, self.prompt)
+        return count
+
+    def minute_of_day(self) -> int:
+        if self._minute is None:
+            self._minute = minute_of_day(self._policies.clock().astimezone(self._policies.zone))
+        return self._minute
+
+
+@dataclass
+class Admission:
+    """Where one admitted request goes, and the body to send there."""
+
+    requested: str
+    body: dict[str, Any]
+    changed: bool = False
+    model: Optional[str] = None
+    provider: Optional[Provider] = None
+    provider_model: Optional[str] = None
+    route_rule: Optional[str] = None
+    priority_class: Optional[PriorityClass] = None
+    key: Optional[ApiKey] = None
+    clamped: bool = False
+    fallback_reason: str = "rule"
+
+    def fleet_body(self, raw: bytes) -> bytes:
+        return json.dumps(self.body).encode() if self.changed else raw
+
+    def release(self) -> None:
+        if self.key is not None:
+            self.key.quota.release()
+            self.key = None
+
+
+@dataclass
+class Policies:
+    models: list[str]
+    keys: KeyTable = field(default_factory=lambda: KeyTable([]))
+    limits: dict[str, Limits] = field(default_factory=dict)
+    default_limits: Limits = field(default_factory=Limits)
+    contexts: dict[str, int] = field(default_factory=dict)
+    routes: dict[str, Route] = field(default_factory=dict)
+    providers: list[Provider] = field(default_factory=list)
+    fallback: FallbackWhen = field(default_factory=FallbackWhen)
+    classes: dict[str, PriorityClass] = field(default_factory=dict)
+    default_class: Optional[str] = None
+    priority_header: str = "x-rayfleet-priority"
+    open_metrics: bool = True
+    open_health: bool = True
+    zone: ZoneInfo = field(default_factory=lambda: ZoneInfo("UTC"))
+    clock: Clock = field(default=lambda: datetime.now().astimezone())
+    counter: TokenCounter = field(default_factory=lambda: TokenCounter({}))
+    max_consecutive_failures: int = 1
+    cooldown_s: float = 5.0
+
+    # -- building ----------------------------------------------------------------------
+
+    @classmethod
+    def plain(cls, models: list[str]) -> "Policies":
+        return cls(models=list(models), default_limits=Limits(check_context=False))
+
+    @classmethod
+    def from_fleet(cls, fleet, *, clock: Optional[Clock] = None) -> "Policies":
+        """Compile ``fleet.gateway`` against ``fleet.models``. Reads key files and provider
+        keys from the environment (ConfigError when missing); loads no tokenizer yet."""
+        gw = fleet.gateway
+        models = [m.name for m in fleet.models]
+        routes = {r.name: Route.from_config(r) for r in gw.routes}
+        limits = {
+            name: Limits.resolve(gw.limits, gw.model_limits.get(name))
+            for name in [*models, *routes]
+        }
+        contexts = {}
+        for m in fleet.models:
+            length = context_length(m.source, m.engine_args)
+            if length is not None:
+                contexts[m.name] = length
+        policies = cls(
+            models=models,
+            keys=KeyTable.from_config(gw.api_keys),
+            limits=limits,
+            default_limits=Limits.resolve(gw.limits),
+            contexts=contexts,
+            routes=routes,
+            providers=[Provider.from_config(p) for p in gw.fallback.providers],
+            fallback=FallbackWhen(gw.fallback.on_no_replica, gw.fallback.on_failure,
+                                  gw.fallback.max_queue_depth),
+            classes={c.name: PriorityClass(c.name, c.priority, c.timeout_s,
+                                           c.stream_idle_timeout_s)
+                     for c in gw.priority_classes},
+            default_class=gw.default_priority_class,
+            priority_header=gw.priority_header,
+            open_metrics=gw.open_metrics,
+            open_health=gw.open_health,
+            zone=ZoneInfo(gw.timezone),
+            counter=TokenCounter({m.name: m.source for m in fleet.models}),
+            max_consecutive_failures=gw.replica_protection.max_consecutive_failures,
+            cooldown_s=gw.replica_protection.cooldown_s,
+        )
+        if clock is not None:
+            policies.clock = clock
+        return policies
+
+    @property
+    def names(self) -> list[str]:
+        """What clients may send as ``model``: models, then routes."""
+        return [*self.models, *self.routes]
+
+    def tokenizers_needed(self) -> list[str]:
+        """Models whose tokenizer a policy may use; load them once at start."""
+        needed = {m for m in self.models
+                  if m in self.contexts and self.limits.get(m, self.default_limits).check_context}
+        for route in self.routes.values():
+            needed |= {r.tokenizer for r in route.rules if r.counts_tokens and r.tokenizer}
+        return sorted(needed & set(self.models))
+
+    # -- per request -------------------------------------------------------------------
+
+    def authenticate(self, headers) -> Optional[ApiKey]:
+        if not self.keys:
+            return None
+        return self.keys.authenticate(headers.get("Authorization"))
+
+    def admit(self, path: str, parsed: ParsedRequest, num_bytes: int, headers,
+              usable: Callable[[str], bool], key: Optional[ApiKey] = None) -> Admission:
+        requested, body = parsed.model, parsed.body
+        self._check_name(requested)
+        if key is not None:
+            key.check_model(requested)
+        limits = self.limits.get(requested, self.default_limits)
+        check_body_size(limits, num_bytes, requested)
+        admission = Admission(requested=requested, body=body, key=None)
+        admission.clamped = admission.changed = check_request(
+            limits, body, _num_items(path, body), requested)
+        facts = RequestFacts(path, body, self)
+        admission.priority_class = self._priority_class(key, headers)
+        facts.priority_class = admission.priority_class.name if admission.priority_class else None
+
+        route = self.routes.get(requested)
+        if route is None:
+            admission.model = requested
+        else:
+            decision = route.decide(facts, usable)
+            if decision is None:
+                raise RequestError(
+                    503, f"No rule of route '{requested}' has a healthy target right now, and "
+                    "the route has no fallback. Retry shortly, or check `rayfleet status`.",
+                    code="no_route_target", reason="no_route_target")
+            admission.route_rule = decision.rule
+            if decision.provider is not None:
+                admission.provider = next(p for p in self.providers if p.name == decision.provider)
+                admission.provider_model = admission.provider.model_for([requested])
+                if admission.provider_model is None:
+                    raise RequestError(
+                        503, f"Fallback provider '{decision.provider}' maps no model for "
+                        f"'{requested}'.", code="no_provider_model", reason="no_provider_model")
+            else:
+                admission.model = decision.model
+                body["model"] = decision.model
+                admission.changed = True
+
+        target = admission.model
+        max_tokens = requested_max_tokens(body)
+        if target is not None:
+            self._check_context(target, facts, max_tokens)
+        if key is not None:
+            counted_with = target if target is not None else (route.tokenizer if route else None)
+            self._charge(key, facts, counted_with, max_tokens, limits)
+            admission.key = key
+        cls = admission.priority_class
+        if cls is not None and cls.priority != 0 and target is not None:
+            body["priority"] = cls.priority
+            admission.changed = True
+        return admission
+
+    def fallback_for(self, admission: Admission) -> Optional[tuple[Provider, str]]:
+        names = [admission.requested]
+        if admission.model and admission.model != admission.requested:
+            names.insert(0, admission.model)
+        return first_provider(self.providers, names)
+
+    def _check_name(self, model: str) -> None:
+        if model in self.models or model in self.routes:
+            return
+        raise RequestError(
+            404, f"The model '{model}' does not exist. Models served: {', '.join(self.names)}.",
+            param="model", code="model_not_found", reason="unknown_model")
+
+    def _priority_class(self, key: Optional[ApiKey], headers) -> Optional[PriorityClass]:
+        if not self.classes:
+            return None
+        name = key.priority_class if key is not None else None
+        if name is None:
+            name = headers.get(self.priority_header)
+            if name is not None and name not in self.classes:
+                raise RequestError(
+                    400, f"Unknown priority class '{name}' in {self.priority_header}; "
+                    f"classes: {', '.join(self.classes)}.",
+                    param=self.priority_header, code="unknown_priority_class",
+                    reason="bad_request")
+        name = name or self.default_class
+        return self.classes.get(name) if name else None
+
+    def _check_context(self, model: str, facts: RequestFacts, max_tokens: Optional[int]) -> None:
+        context = self.contexts.get(model)
+        if context is None or not self.limits.get(model, self.default_limits).check_context:
+            return
+        bound = facts.prompt.max_tokens_bound()
+        if bound + (max_tokens or 0) <= context and bound < context:
+            return  # cannot exceed whatever the tokenizer says
+        if not self.counter.has_tokenizer(model):
+            return
+        check_context(model, context, facts.prompt_tokens(model), max_tokens)
+
+    def _charge(self, key: ApiKey, facts: RequestFacts, model: Optional[str],
+                max_tokens: Optional[int], limits: Limits) -> None:
+        num_tokens = 0
+        if key.quota.counts_tokens:
+            output = max_tokens or limits.max_tokens or self.contexts.get(model or "", 0)
+            num_tokens = facts.prompt_tokens(model) + output
+        key.quota.admit(num_tokens, time.monotonic())
+
+
+def _num_items(path: str, body: dict[str, Any]) -> int:
+    field_name = {"/v1/chat/completions": "messages", "/v1/completions": "prompt"}.get(path, "input")
+    value = body.get(field_name)
+    if isinstance(value, list) and not (value and isinstance(value[0], int)):
+        return len(value)
+    return 1
