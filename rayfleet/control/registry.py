@@ -6,6 +6,7 @@ namespace). A replica calls ``register(entry)`` once its vLLM server is healthy,
 ``deregister(replica_id)`` when it stops or finds its server dead. ``entries()``
 returns the live entries: a replica whose heartbeats stopped for ``stale_after_s``
 (its process was killed outright, its node died) drops out by itself.
+``claim_core`` spreads the CPU engines of one node over its cores.
 
 An entry: ``{"replica_id", "model", "url", "node_id", "node_ip", "pid",
 "log_path", "registered_at"}``.
@@ -27,6 +28,19 @@ class FleetRegistry:
         self.stale_after_s = stale_after_s
         self._entries: dict[str, dict] = {}
         self._seen: dict[str, float] = {}
+        self._cores: dict[str, tuple[str, str, int]] = {}  # replica -> (node, model, core)
+
+    def claim_core(self, node_id: str, replica_id: str, model: str, num_cores: int) -> int:
+        """The core of ``node_id`` with the fewest replicas, then fewest of ``model``.
+
+        vLLM's CPU backend pins its engine thread to core 0 of the node unless told
+        otherwise, so without this every replica on a node would share one core.
+        Replicas of one model take the same traffic, so they are spread first.
+        """
+        self._cores.pop(replica_id, None)
+        core = pick_core(self._cores.values(), node_id, model, num_cores)
+        self._cores[replica_id] = (node_id, model, core)
+        return core
 
     def register(self, entry: dict) -> None:
         self._entries[entry["replica_id"]] = dict(entry)
@@ -42,6 +56,7 @@ class FleetRegistry:
     def deregister(self, replica_id: str) -> None:
         self._entries.pop(replica_id, None)
         self._seen.pop(replica_id, None)
+        self._cores.pop(replica_id, None)
 
     def entries(self) -> list[dict]:
         cutoff = time.monotonic() - self.stale_after_s
@@ -50,6 +65,18 @@ class FleetRegistry:
     def all_entries(self) -> list[dict]:
         """Every entry ever registered and not deregistered, stale ones included."""
         return list(self._entries.values())
+
+
+def pick_core(claims, node_id: str, model: str, num_cores: int) -> int:
+    """Least-claimed core of a node; ties go to the core with fewer replicas of ``model``."""
+    num_cores = max(1, num_cores)
+    load = [0] * num_cores
+    same_model = [0] * num_cores
+    for node, other_model, core in claims:
+        if node == node_id and core < num_cores:
+            load[core] += 1
+            same_model[core] += other_model == model
+    return min(range(num_cores), key=lambda c: (load[c], same_model[c], c))
 
 
 def get_or_create_registry():

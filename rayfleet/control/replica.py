@@ -24,6 +24,7 @@ it can be checked without a GPU.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -109,7 +110,7 @@ class VLLMReplica:
             self.model.name,
             self.model.engine_args,
             host=host,
-            env=self.model.env,
+            env=self._engine_env(),
             log_path=log_dir / f"{safe_id}.log",
         )
         engine.start()
@@ -119,6 +120,21 @@ class VLLMReplica:
             engine.stop()
             raise
         return engine
+
+    def _engine_env(self) -> dict[str, str]:
+        """The model's env, plus a core of its own for a CPU engine (GPU builds ignore it)."""
+        import ray
+
+        env = dict(self.model.env)
+        if "VLLM_CPU_OMP_THREADS_BIND" not in env:
+            cpus = sorted(os.sched_getaffinity(0))
+            index = ray.get(
+                self.registry.claim_core.remote(
+                    self.node_id, self.replica_id, self.model.name, len(cpus)
+                )
+            )
+            env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpus[index])
+        return env
 
     def check_health(self) -> None:
         if not self.engine.healthy(timeout_s=HEALTH_CHECK_TIMEOUT_S / 2):

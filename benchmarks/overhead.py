@@ -1,0 +1,287 @@
+"""What the rayfleet gateway costs, side by side with direct vLLM and Ray Serve LLM.
+
+    .venv/bin/python benchmarks/overhead.py [--rounds 2] [--skip-ray-serve-llm]
+
+Client: vLLM's own serving benchmark (``vllm.benchmarks.serve``), random dataset,
+64 input and 64 output tokens, ignore EOS, at concurrency 1 and 32, on the tiny
+model. Targets, each measured in the same run:
+
+  vllm-direct      a vLLM server started by hand (the reference)
+  fleet-replica    the vLLM server inside a rayfleet replica, called directly
+  rayfleet         the same replica through the rayfleet gateway
+  rayfleet+policies  the same replica through a second gateway with policies on: a route
+                   whose rules read the clock and the prompt's token count, limits, and
+                   an API key with rate, token and concurrency quotas
+  ray-serve-llm    Ray Serve LLM (ray.serve.llm.build_openai_app), default settings
+
+Rounds alternate the targets that are up at the same time, so slow drift of the
+machine hits them alike; each cell is the median over rounds. Prints a table with
+the ratio of each target to vllm-direct and writes results/overhead.json.
+Traffic goes only to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rayfleet.control.engine import EngineProcess, free_port  # noqa: E402
+from rayfleet.models import make_tiny  # noqa: E402
+
+ENGINE_ARGS = {"enforce_eager": True, "max_model_len": 1024, "dtype": "float32"}
+METRICS = {
+    "req/s": "request_throughput",
+    "out tok/s": "output_throughput",
+    "TTFT p50 ms": "median_ttft_ms",
+    "TTFT p99 ms": "p99_ttft_ms",
+    "TPOT p50 ms": "median_tpot_ms",
+}
+
+
+def vllm_bench(base_url: str, tokenizer: Path, concurrency: int, num_prompts: int,
+               model: str = "tiny", api_key: str | None = None) -> dict:
+    """One run of vLLM's serving benchmark in a fresh process; returns its result dict."""
+    with tempfile.TemporaryDirectory() as tmp:
+        code = (
+            "import sys\n"
+            "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+            "from vllm.benchmarks.serve import add_cli_args, main\n"
+            "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))\n"
+        )
+        argv = [
+            sys.executable, "-c", code,
+            "--base-url", base_url, "--endpoint", "/v1/completions", "--model", "tiny",
+            "--tokenizer", str(tokenizer), "--dataset-name", "random",
+            "--random-input-len", "64", "--random-output-len", "64", "--ignore-eos",
+            "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+            "--save-result", "--result-dir", tmp, "--result-filename", "r.json",
+            "--seed", "0", "--served-model-name", model,
+        ]
+        env = {**os.environ, "OPENAI_API_KEY": api_key} if api_key else None
+        subprocess.run(argv, check=True, capture_output=True, text=True, env=env)
+        return json.loads((Path(tmp) / "r.json").read_text())
+
+
+def num_prompts_for(concurrency: int) -> int:
+    return 100 if concurrency == 1 else 320
+
+
+def measure(targets: dict[str, str], tokenizer: Path, rounds: int, results: dict) -> None:
+    """Alternate the targets round by round; append each run to results[target][c]."""
+    for c in (1, 32):
+        # One warm-up run per target so first-request effects stay out of the numbers.
+        for name, url in targets.items():
+            vllm_bench(url, tokenizer, c, 20, **TARGET_OPTIONS.get(name, {}))
+        for r in range(rounds):
+            for name, url in targets.items():
+                print(f"  round {r + 1}/{rounds}  concurrency {c:>2}  {name}", flush=True)
+                run = vllm_bench(url, tokenizer, c, num_prompts_for(c),
+                                 **TARGET_OPTIONS.get(name, {}))
+                results.setdefault(name, {}).setdefault(str(c), []).append(
+                    {label: run[key] for label, key in METRICS.items()}
+                )
+
+
+def wait_http(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        time.sleep(1)
+    raise TimeoutError(f"{url} did not answer within {timeout_s:.0f}s")
+
+
+def run_direct(model: Path, tokenizer: Path, rounds: int, results: dict) -> None:
+    print("vllm-direct: starting a vLLM server by hand", flush=True)
+    with EngineProcess(str(model), "tiny", ENGINE_ARGS) as engine:
+        engine.wait_healthy()
+        measure({"vllm-direct": engine.url}, tokenizer, rounds, results)
+
+
+POLICY_KEY = "sk-overhead-bench"
+TARGET_OPTIONS = {"rayfleet+policies": {"model": "chat", "api_key": POLICY_KEY}}
+
+POLICY_GATEWAY_APP = """
+import sys, asyncio, uvloop
+from rayfleet.config import parse_fleet
+from rayfleet.gateway.app import Gateway, start_gateway
+from rayfleet.gateway.auth import hash_key
+from rayfleet.gateway.policies import Policies
+replica_url, port, model, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+fleet = parse_fleet({
+    "gateway": {
+        "limits": {"max_tokens": 512, "max_n": 4, "max_body_bytes": 1000000, "max_messages": 32},
+        "routes": [{"name": "chat", "rules": [
+            {"name": "night", "target": "tiny", "time_of_day": {"from": "23:59", "to": "00:00"}},
+            {"name": "short", "target": "tiny", "prompt_tokens_below": 128},
+            {"name": "long", "target": "tiny"}]}],
+        "api_keys": [{"name": "bench", "key_sha256": hash_key(key), "requests_per_minute": 1000000,
+                      "tokens_per_minute": 100000000, "max_concurrent": 64}],
+    },
+    "models": [{"name": "tiny", "source": model, "engine_args": {"max_model_len": 1024}}],
+})
+async def source():
+    return [{"replica_id": "tiny#bench", "model": "tiny", "url": replica_url}]
+async def main():
+    gateway = Gateway(["tiny"], source, policies=Policies.from_fleet(fleet))
+    await start_gateway(gateway, "127.0.0.1", port)
+    print("READY", flush=True)
+    await asyncio.Event().wait()
+uvloop.run(main())
+"""
+
+
+@contextlib.contextmanager
+def policy_gateway(replica_url: str, model: Path):
+    """A second gateway, with policies on, in front of the same replica."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", POLICY_GATEWAY_APP, replica_url, str(port), str(model), POLICY_KEY],
+        start_new_session=True, cwd=ROOT,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", timeout_s=120)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def run_fleet(model: Path, tokenizer: Path, rounds: int, results: dict) -> None:
+    import yaml
+
+    home = Path(tempfile.mkdtemp(prefix="rayfleet-bench-"))
+    port = free_port()
+    config = home / "fleet.yaml"
+    config.write_text(yaml.safe_dump({
+        "gateway": {"port": port},
+        "models": [{"name": "tiny", "source": str(model), "engine_args": ENGINE_ARGS}],
+    }))
+    env = {**os.environ, "RAYFLEET_HOME": str(home)}
+    cli = [sys.executable, "-m", "rayfleet.cli"]
+    print("rayfleet: rayfleet up --detach (one replica)", flush=True)
+    subprocess.run([*cli, "up", "-c", str(config), "--detach"], env=env, check=True)
+    try:
+        status = json.loads(subprocess.run(
+            [*cli, "status", "--json"], env=env, check=True, capture_output=True, text=True
+        ).stdout)
+        replica_url = status["replicas"][0]["url"]
+        gateway = f"http://127.0.0.1:{port}"
+        with policy_gateway(replica_url, model) as policies:
+            measure({"fleet-replica": replica_url, "rayfleet": gateway,
+                     "rayfleet+policies": policies}, tokenizer, rounds, results)
+    finally:
+        subprocess.run([*cli, "down"], env=env, check=False)
+
+
+RAY_SERVE_LLM_APP = """
+import os, sys, time
+import ray
+from ray import serve
+from ray.serve.llm import LLMConfig, build_openai_app
+model, port = sys.argv[1], int(sys.argv[2])
+ray.init(address="local", num_cpus=8, include_dashboard=False)
+config = LLMConfig(
+    model_loading_config={"model_id": "tiny", "model_source": model},
+    engine_kwargs={"enforce_eager": True, "max_model_len": 1024, "dtype": "float32"},
+    placement_group_config={"bundles": [{"CPU": 1}]},
+    deployment_config={"autoscaling_config": {"min_replicas": 1, "max_replicas": 1}},
+)
+serve.start(http_options={"host": "127.0.0.1", "port": port})
+serve.run(build_openai_app({"llm_configs": [config]}), blocking=False)
+print("READY", flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
+def run_ray_serve_llm(model: Path, tokenizer: Path, rounds: int, results: dict) -> None:
+    port = free_port()
+    print("ray-serve-llm: build_openai_app, default settings", flush=True)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RAY_SERVE_LLM_APP, str(model), str(port)],
+        env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/v1/models", timeout_s=600)
+        measure({"ray-serve-llm": f"http://127.0.0.1:{port}"}, tokenizer, rounds, results)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def summarize(results: dict) -> list[dict]:
+    rows = []
+    for c in ("1", "32"):
+        base = {k: statistics.median(r[k] for r in results["vllm-direct"][c]) for k in METRICS}
+        for name, by_c in results.items():
+            cell = {k: statistics.median(r[k] for r in by_c[c]) for k in METRICS}
+            rows.append({
+                "target": name, "concurrency": int(c), **cell,
+                "TTFT p50 vs direct ms": cell["TTFT p50 ms"] - base["TTFT p50 ms"],
+                "out tok/s vs direct": cell["out tok/s"] / base["out tok/s"],
+            })
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    header = ["target", "c", *METRICS, "TTFT p50 vs direct", "throughput vs direct"]
+    print("\n| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print(
+            f"| {row['target']} | {row['concurrency']} | {row['req/s']:.1f} | "
+            f"{row['out tok/s']:.0f} | {row['TTFT p50 ms']:.1f} | {row['TTFT p99 ms']:.1f} | "
+            f"{row['TPOT p50 ms']:.2f} | {row['TTFT p50 vs direct ms']:+.1f} ms | "
+            f"{row['out tok/s vs direct']:.2f} |"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=2, help="measurement rounds per target")
+    parser.add_argument("--skip-ray-serve-llm", action="store_true", help="leave out the peer")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "overhead.json")
+    args = parser.parse_args()
+
+    model = make_tiny()
+    results: dict = {}
+    run_direct(model, model, args.rounds, results)
+    run_fleet(model, model, args.rounds, results)
+    if not args.skip_ray_serve_llm:
+        run_ray_serve_llm(model, model, args.rounds, results)
+    rows = summarize(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"rows": rows, "runs": results}, indent=2))
+    print_table(rows)
+    ttft = {(r["target"], r["concurrency"]): r["TTFT p50 ms"] for r in rows}
+    if ("rayfleet+policies", 1) in ttft:
+        extra = ttft[("rayfleet+policies", 1)] - ttft[("rayfleet", 1)]
+        print(f"\npolicies (rules, limits, one API key) add {extra:+.2f} ms TTFT p50 at "
+              "concurrency 1 over the plain gateway")
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
