@@ -1,14 +1,22 @@
 """The OpenAI-compatible gateway: one endpoint in front of every replica of every model.
 
-Data flow of one request::
+Data flow of one request (policies compiled once, see policies.py)::
 
     client --POST /v1/chat/completions--> Gateway._proxy
+        auth                            API key from 'Authorization: Bearer' (401)
         read body once -> parse_request (model, stream, field types; 400 on bad input)
-        model known? (404 listing the models served)
-        ReplicaSet.pick(model)         fewest requests in flight
-        _forward(replica)              aiohttp, pooled connections, bytes passed through
-            failure before the first byte -> take the replica out of rotation, retry once
-                                             on another replica of the same model
+        Policies.admit                  model or route known (404), key may use it (403),
+                                        caps: body bytes (413), max_tokens (400 or clamp),
+                                        n, messages; priority class; route rules pick a
+                                        model or a provider (x-rayfleet-route); context
+                                        length (400); key quotas (429 + Retry-After)
+        ReplicaSet.pick(model)          fewest requests in flight; all over the queue
+                                        depth -> fallback provider
+        _forward(replica)               aiohttp, pooled connections, bytes passed through,
+                                        the class's total and idle timeouts (408)
+            failure before the first byte -> count it against the replica (out of rotation
+                                             after N in a row), retry once on another
+                                             replica, then the fallback provider
             failure after the first byte  -> end the stream with an error event
             client disconnects            -> the handler is cancelled, the upstream
                                              connection is closed, vLLM aborts the request
@@ -19,8 +27,8 @@ callable whose dict is merged into ``GET /rayfleet/status`` (nodes, Serve state)
 
 Endpoints: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``,
 ``/v1/embeddings``, ``/health``, ``/metrics`` and ``/rayfleet/status``.
-Every response carries ``x-rayfleet-replica``: the replica that served it, or
-``gateway`` when the gateway answered itself.
+Every response carries ``x-rayfleet-replica``: the replica that served it,
+``fallback:<provider>``, or ``gateway`` when the gateway answered itself.
 """
 
 from __future__ import annotations

@@ -66,7 +66,9 @@ def test_defaults_and_derived_sizes():
     assert config.gateway.port == 8000 and config.cluster.address == "local"
 
 
-@pytest.mark.parametrize("name", ["one-node-two-models.yaml", "deepseek-v3-two-nodes.yaml"])
+@pytest.mark.parametrize(
+    "name", ["one-node-two-models.yaml", "deepseek-v3-two-nodes.yaml", "policies.yaml"]
+)
 def test_examples_are_valid(name):
     config = load_fleet(EXAMPLES / name)
     assert isinstance(config, FleetConfig)
