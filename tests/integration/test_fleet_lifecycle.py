@@ -114,7 +114,10 @@ def test_down_leaves_no_process_and_frees_the_port(fleet):
     gone, alive = psutil.wait_procs(tree + engines, timeout=30)
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
     with socket.socket() as s:
-        s.bind(("127.0.0.1", fleet.port))  # raises if the gateway still holds it
+        # As a new server would: TIME_WAIT leftovers allowed, a listener still there not.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", fleet.port))
+        s.listen()
     assert not (fleet.home / "run" / "fleet.json").exists()
     status = fleet.cli("status", check=False)
     assert status.returncode == 2 and "no fleet is running" in status.stderr
