@@ -49,7 +49,7 @@ def check_endpoint(target: Target, prompt: Prompt) -> None:
     result = send_one(target, prompt)
     if not result.ok:
         raise RayfleetError(
-            f"the first request to {target.url} failed ({result.error[:200]}); "
+            f"the first request to {target.url} failed ({' '.join(result.error.split())[:200]}); "
             "check --base-url, --endpoint and --model"
         )
 

@@ -45,7 +45,8 @@ def plan_from_flags(flags: dict) -> BenchPlan:
         raise RayfleetError(f"--dataset-path: cannot read {dataset.dataset_path} (no such file)")
     model = flags["model"] or first_model(base_url)
     if model is None:
-        raise RayfleetError(f"--model: {base_url}/v1/models lists no model; pass --model NAME")
+        raise RayfleetError(f"--model: no model listed at {base_url}/v1/models (is --base-url "
+                            "right and the server up?); pass --model NAME")
     target = target_from_flags(flags, base_url, model)
     tokenizer_id = tokenizer_source(flags["tokenizer"], model)
     tokenizer = load_tokenizer(tokenizer_id) if tokenizer_id else None

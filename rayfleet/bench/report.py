@@ -9,7 +9,7 @@ from typing import Sequence
 
 from rich.table import Table
 
-from rayfleet.bench.metrics import LATENCY_METRICS, is_number, percentile_label
+from rayfleet.bench.metrics import LATENCY_METRICS, is_number
 from rayfleet.errors import RayfleetError
 
 LATENCY_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency"}
@@ -133,21 +133,25 @@ def saved_percentiles(result: dict) -> list[str]:
 
 
 def sweep_table(variable: str, steps: Sequence[dict]) -> Table:
-    """One row per sweep step: load, throughput, and latency medians and p99s."""
-    table = Table(title=f"Sweep over {variable}", title_justify="left")
-    headers = (variable, "req/s", "out tok/s", "goodput", "failed",
-               "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p99")
-    for header in headers:
+    """One row per sweep step: load, throughput, goodput, failures, latency p50 and p99 (ms)."""
+    table = Table(title=f"Sweep over {variable} (latencies in ms)", title_justify="left")
+    columns = (("req/s", "request_throughput"), ("out tok/s", "output_throughput"),
+               ("goodput", "request_goodput"), ("failed", "failed"),
+               ("TTFT p50", "median_ttft_ms"), ("TTFT p99", "p99_ttft_ms"),
+               ("TPOT p50", "median_tpot_ms"), ("TPOT p99", "p99_tpot_ms"), ("ITL p99", "p99_itl_ms"))
+    table.add_column(variable.replace("_", " "), justify="right")
+    for header, _ in columns:
         table.add_column(header, justify="right")
     for step in steps:
-        table.add_row(
-            format_value(step["sweep_value"]), format_value(step["request_throughput"]),
-            format_value(step["output_throughput"]), format_value(step.get("request_goodput")),
-            format_value(step["failed"]), format_value(step["median_ttft_ms"]),
-            format_value(step.get("p99_ttft_ms")), format_value(step["median_tpot_ms"]),
-            format_value(step.get("p99_tpot_ms")), format_value(step.get("p99_itl_ms")),
-        )
+        cells = [_short(step.get(key)) for _, key in columns]
+        table.add_row(f"{step['sweep_value']:g}", *cells)
     return table
+
+
+def _short(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
 
 
 def compare_table(runs: Sequence[tuple[str, dict]]) -> Table:
@@ -187,7 +191,3 @@ def ratio_cell(base, value, higher_is_better: bool) -> str:
     worse = r < 0.98 if higher_is_better else r > 1.02
     colour = "green" if better else "red" if worse else ""
     return f"[{colour}]{r:.2f}x[/]" if colour else f"{r:.2f}x"
-
-
-def percentile_keys(percentiles: Sequence[float]) -> list[str]:
-    return [f"p{percentile_label(p)}" for p in percentiles]
