@@ -121,3 +121,51 @@ def test_down_leaves_no_process_and_frees_the_port(fleet):
     assert not (fleet.home / "run" / "fleet.json").exists()
     status = fleet.cli("status", check=False)
     assert status.returncode == 2 and "no fleet is running" in status.stderr
+
+
+def test_ctrl_c_in_the_foreground_stops_everything(tmp_path, tiny_model):
+    """Ctrl-C reaches the whole foreground process group, as a terminal sends it."""
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    from rayfleet.control.engine import free_port
+
+    port = free_port()
+    config = tmp_path / "fleet.yaml"
+    config.write_text(yaml.safe_dump({
+        "gateway": {"port": port},
+        "models": [{"name": "tiny", "source": str(tiny_model), "engine_args": TINY_ARGS}],
+    }))
+    env = {**os.environ, "RAYFLEET_HOME": str(tmp_path)}
+    up = subprocess.Popen(
+        [sys.executable, "-m", "rayfleet.cli", "up", "-c", str(config)],
+        env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )
+    state_file = tmp_path / "run" / "fleet.json"
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and up.poll() is None:
+            if state_file.exists() and json.loads(state_file.read_text())["phase"] == "ready":
+                break
+            time.sleep(0.5)
+        assert json.loads(state_file.read_text())["phase"] == "ready"
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        assert client.completions.create(model="tiny", prompt="hi", max_tokens=2).choices
+        engines = [psutil.Process(p) for p in json.loads(state_file.read_text())["engine_pids"]]
+        tree = [psutil.Process(up.pid), *psutil.Process(up.pid).children(recursive=True)]
+
+        os.killpg(up.pid, signal.SIGINT)
+        output, _ = up.communicate(timeout=180)
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+    assert up.returncode == 0, output
+    assert "fleet stopped" in output
+    assert "Traceback" not in output, output
+    gone, alive = psutil.wait_procs(tree + engines, timeout=30)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+    assert not state_file.exists()
