@@ -48,8 +48,15 @@ def free_port() -> int:
 def start_simulator(num_processes: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rayfleet.bench.simulator", "--port", str(port),
-         "--num-processes", str(num_processes)],
+        [
+            sys.executable,
+            "-m",
+            "rayfleet.bench.simulator",
+            "--port",
+            str(port),
+            "--num-processes",
+            str(num_processes),
+        ],
         start_new_session=True,
     )
     deadline = time.monotonic() + 30
@@ -74,8 +81,12 @@ def measure_step(url: str, rate: float, num_processes: int, args) -> dict:
     num_requests = int(min(rate * args.duration_s, args.max_requests))
     prompts = [Prompt("hello " * 8, 8, args.output_len)] * num_requests
     cpu_before_s = time.process_time()
-    output = run_load(Target(url, model="sim"), prompts, LoadShape(request_rate=rate, seed=1),
-                      num_processes=num_processes)
+    output = run_load(
+        Target(url, model="sim"),
+        prompts,
+        LoadShape(request_rate=rate, seed=1),
+        num_processes=num_processes,
+    )
     cpu_s = time.process_time() - cpu_before_s
     summary = summarize(output.results, output.duration_s)
     lag_s = np.array([r.start_s - r.scheduled_s for r in output.results])
@@ -92,19 +103,25 @@ def measure_step(url: str, rate: float, num_processes: int, args) -> dict:
         "median_ttft_ms": summary["median_ttft_ms"],
         "p99_ttft_ms": summary["p99_ttft_ms"],
         "parent_cpu_s": cpu_s,
-        "sustained": achieved >= SUSTAINED_SHARE * rate and p99_lag_s <= LAG_LIMIT_S
+        "sustained": achieved >= SUSTAINED_SHARE * rate
+        and p99_lag_s <= LAG_LIMIT_S
         and summary["failed"] == 0,
     }
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| bench processes | offered req/s | achieved req/s | output tok/s | p99 send lag ms "
-             "| TTFT p50 ms | TTFT p99 ms | sustained |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| bench processes | offered req/s | achieved req/s | output tok/s | p99 send lag ms "
+        "| TTFT p50 ms | TTFT p99 ms | sustained |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         lines.append(
             f"| {r['num_processes']} | {r['offered_rps']:g} | {r['achieved_rps']:.0f} "
-            f"| {r['output_tokens_per_s']:.0f} | {r['p99_send_lag_ms']:.1f} | {r['median_ttft_ms']:.1f} "
-            f"| {r['p99_ttft_ms']:.1f} | {'yes' if r['sustained'] else 'no'} |")
+            f"| {r['output_tokens_per_s']:.0f} | {r['p99_send_lag_ms']:.1f} "
+            f"| {r['median_ttft_ms']:.1f} "
+            f"| {r['p99_ttft_ms']:.1f} | {'yes' if r['sustained'] else 'no'} |"
+        )
     return "\n".join(lines)
 
 
@@ -133,13 +150,27 @@ def main() -> None:
     finally:
         stop_simulator(proc)
     print(markdown(rows))
-    best = {n: max((r["achieved_rps"] for r in rows if r["num_processes"] == n and r["sustained"]),
-                   default=0) for n in process_counts}
+    best = {
+        n: max(
+            (r["achieved_rps"] for r in rows if r["num_processes"] == n and r["sustained"]),
+            default=0,
+        )
+        for n in process_counts
+    }
     print("highest sustained req/s by bench processes:", best)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"cpu_count": os.cpu_count(), "args": vars(args) | {"out": str(args.out)},
-                                        "rows": rows, "highest_sustained_rps": best}, indent=1))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "cpu_count": os.cpu_count(),
+                    "args": vars(args) | {"out": str(args.out)},
+                    "rows": rows,
+                    "highest_sustained_rps": best,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

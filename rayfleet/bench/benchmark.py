@@ -7,9 +7,9 @@ benchmarks share (so vLLM's tooling and ours read each other's files), then ours
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Callable
 
 from rayfleet.bench.client import RequestResult, Target, send_one
 from rayfleet.bench.datasets import DatasetSpec, Prompt, Tokenizer, make_prompts
@@ -56,9 +56,11 @@ def check_endpoint(target: Target, prompt: Prompt) -> None:
 
 def warm_up(config: BenchConfig, prompt: Prompt) -> None:
     if config.num_warmups > 0:
-        run_load(config.target, [prompt] * config.num_warmups,
-                 replace(config.shape, request_rate=math.inf, ramp_up_strategy=None,
-                         burst_size=None))
+        run_load(
+            config.target,
+            [prompt] * config.num_warmups,
+            replace(config.shape, request_rate=math.inf, ramp_up_strategy=None, burst_size=None),
+        )
 
 
 def run_benchmark(
@@ -75,8 +77,13 @@ def run_benchmark(
     prompts = prompts if prompts is not None else make_prompts(config.dataset, tokenizer)
     check_endpoint(config.target, prompts[0])
     warm_up(config, prompts[0])
-    output = run_load(config.target, prompts, config.shape,
-                      num_processes=config.num_processes, on_progress=on_progress)
+    output = run_load(
+        config.target,
+        prompts,
+        config.shape,
+        num_processes=config.num_processes,
+        on_progress=on_progress,
+    )
     return BenchRun(result_dict(config, output), output)
 
 
@@ -96,12 +103,20 @@ def result_dict(config: BenchConfig, output: RunOutput) -> dict:
         "max_concurrency": shape.max_concurrency,
     }
     if shape.ramp_up_strategy:
-        result.update(ramp_up_strategy=shape.ramp_up_strategy,
-                      ramp_up_start_rps=shape.ramp_up_start_rps,
-                      ramp_up_end_rps=shape.ramp_up_end_rps)
-    result.update(summarize(output.results, output.duration_s,
-                            goodput_ms=config.goodput_ms, percentiles=config.percentiles,
-                            price_per_hour=config.price_per_hour))
+        result.update(
+            ramp_up_strategy=shape.ramp_up_strategy,
+            ramp_up_start_rps=shape.ramp_up_start_rps,
+            ramp_up_end_rps=shape.ramp_up_end_rps,
+        )
+    result.update(
+        summarize(
+            output.results,
+            output.duration_s,
+            goodput_ms=config.goodput_ms,
+            percentiles=config.percentiles,
+            price_per_hour=config.price_per_hour,
+        )
+    )
     result["latencies"] = [r.e2e_s for r in output.results]
     result["queue_times"] = [r.start_s - r.scheduled_s for r in output.results]
     result.update(

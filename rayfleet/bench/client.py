@@ -69,7 +69,11 @@ class RequestResult:
     @property
     def error_kind(self) -> str:
         """The key of this failure in the error breakdown: the HTTP status or the failure."""
-        return str(self.status) if self.status not in (0, 200) else (self.error.split(":")[0] or "error")
+        return (
+            str(self.status)
+            if self.status not in (0, 200)
+            else (self.error.split(":")[0] or "error")
+        )
 
 
 def request_body(target: Target, prompt: Prompt) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -63,52 +63,202 @@ _OUT = "Results"
 @app.callback(invoke_without_command=True)
 def bench(
     ctx: typer.Context,
-    base_url: Annotated[Optional[str], typer.Option(help="Server or gateway URL, e.g. http://127.0.0.1:8000.", rich_help_panel=_TARGET)] = None,
-    host: Annotated[str, typer.Option(help="Host when --base-url is not given.", rich_help_panel=_TARGET)] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port when --base-url is not given.", rich_help_panel=_TARGET)] = 8000,
-    endpoint: Annotated[str, typer.Option(help="/v1/completions or /v1/chat/completions.", rich_help_panel=_TARGET)] = "/v1/completions",
-    model: Annotated[Optional[str], typer.Option(help="Model name (default: the first the endpoint lists).", rich_help_panel=_TARGET)] = None,
-    served_model_name: Annotated[Optional[str], typer.Option(help="Name sent in requests when it differs from --model.", rich_help_panel=_TARGET)] = None,
-    tokenizer: Annotated[Optional[str], typer.Option(help="Tokenizer dir or name (default: --model if it is a local dir).", rich_help_panel=_TARGET)] = None,
-    header: Annotated[Optional[list[str]], typer.Option(help="Extra request header KEY=VALUE (repeatable).", rich_help_panel=_TARGET)] = None,
-    ignore_eos: Annotated[Optional[bool], typer.Option("--ignore-eos/--no-ignore-eos", help="Ask for exactly the output length (default: on for random, prefix and mixed).", rich_help_panel=_TARGET)] = None,
-    request_timeout_s: Annotated[float, typer.Option(help="Give up on a request after this long (counted as failed).", rich_help_panel=_TARGET)] = 600.0,
-    dataset_name: Annotated[str, typer.Option(help="random | prefix | mixed | jsonl.", rich_help_panel=_DATA)] = "random",
-    dataset_path: Annotated[Optional[Path], typer.Option(help='JSONL file for --dataset-name jsonl: {"prompt": ..., "max_tokens": ...} a line.', rich_help_panel=_DATA)] = None,
-    num_prompts: Annotated[int, typer.Option(help="Requests to send.", rich_help_panel=_DATA)] = 1000,
-    random_input_len: Annotated[int, typer.Option(help="Input tokens per prompt (short prompts of mixed).", rich_help_panel=_DATA)] = 1024,
-    random_output_len: Annotated[int, typer.Option(help="Output tokens per request (every synthetic dataset).", rich_help_panel=_DATA)] = 128,
-    random_range_ratio: Annotated[float, typer.Option(help="Lengths vary uniformly by this ratio around the means.", rich_help_panel=_DATA)] = 0.0,
-    prefix_repetition_prefix_len: Annotated[int, typer.Option(help="Shared prefix tokens (prefix dataset).", rich_help_panel=_DATA)] = 256,
-    prefix_repetition_suffix_len: Annotated[int, typer.Option(help="Random suffix tokens (prefix dataset).", rich_help_panel=_DATA)] = 64,
-    prefix_repetition_num_prefixes: Annotated[int, typer.Option(help="Distinct shared prefixes (prefix dataset).", rich_help_panel=_DATA)] = 4,
-    mixed_long_input_len: Annotated[int, typer.Option(help="Input tokens of the long prompts (mixed dataset).", rich_help_panel=_DATA)] = 2048,
-    mixed_long_fraction: Annotated[float, typer.Option(help="Share of long prompts (mixed dataset).", rich_help_panel=_DATA)] = 0.1,
-    seed: Annotated[int, typer.Option(help="Seed for prompts and arrivals.", rich_help_panel=_DATA)] = 0,
-    max_concurrency: Annotated[Optional[int], typer.Option(help="Most requests in flight at once.", rich_help_panel=_LOAD)] = None,
-    request_rate: Annotated[float, typer.Option(help="Requests per second (inf: all at once).", rich_help_panel=_LOAD)] = math.inf,
-    burstiness: Annotated[float, typer.Option(help="1 = Poisson; below 1 burstier, above 1 steadier.", rich_help_panel=_LOAD)] = 1.0,
-    ramp_up_strategy: Annotated[Optional[str], typer.Option(help="linear | exponential rate ramp.", rich_help_panel=_LOAD)] = None,
-    ramp_up_start_rps: Annotated[Optional[float], typer.Option(help="Ramp start rate.", rich_help_panel=_LOAD)] = None,
-    ramp_up_end_rps: Annotated[Optional[float], typer.Option(help="Ramp end rate.", rich_help_panel=_LOAD)] = None,
-    burst_size: Annotated[Optional[int], typer.Option(help="Send requests in bursts of this many...", rich_help_panel=_LOAD)] = None,
-    burst_interval_s: Annotated[float, typer.Option(help="...every this many seconds.", rich_help_panel=_LOAD)] = 1.0,
-    num_processes: Annotated[int, typer.Option(help="Client processes sharing the load (when one core is not enough).", rich_help_panel=_LOAD)] = 1,
-    num_warmups: Annotated[int, typer.Option(help="Unmeasured requests before the run.", rich_help_panel=_LOAD)] = 0,
-    sweep_request_rates: Annotated[Optional[str], typer.Option(help="Sweep these rates, e.g. 1,2,4,8.", rich_help_panel=_SWEEP)] = None,
-    sweep_max_concurrency: Annotated[Optional[str], typer.Option(help="Sweep these concurrencies, e.g. 1,4,16,64.", rich_help_panel=_SWEEP)] = None,
-    sweep_min_slo_attainment: Annotated[float, typer.Option(help="Stop when fewer requests than this meet --goodput.", rich_help_panel=_SWEEP)] = 0.9,
-    sweep_max_error_share: Annotated[float, typer.Option(help="Stop when more requests than this fail.", rich_help_panel=_SWEEP)] = 0.05,
-    goodput: Annotated[Optional[list[str]], typer.Option(help="SLOs in ms, e.g. --goodput ttft:500 tpot:50.", rich_help_panel=_OUT)] = None,
-    metric_percentiles: Annotated[str, typer.Option(help="Percentiles to report, e.g. 90,99.", rich_help_panel=_OUT)] = "90,99",
-    price_per_hour: Annotated[Optional[float], typer.Option(help="Fleet cost per hour, for cost per 1M tokens.", rich_help_panel=_OUT)] = None,
-    save_result: Annotated[Optional[str], typer.Option(help="Write the result JSON (to FILE if given).", rich_help_panel=_OUT)] = None,
-    result_dir: Annotated[Optional[Path], typer.Option(help="Folder for --save-result.", rich_help_panel=_OUT)] = None,
-    result_filename: Annotated[Optional[str], typer.Option(help="File name for --save-result.", rich_help_panel=_OUT)] = None,
-    save_detailed: Annotated[bool, typer.Option(help="Also save per-request lists.", rich_help_panel=_OUT)] = False,
-    label: Annotated[Optional[str], typer.Option(help="Name of this run in results and comparisons.", rich_help_panel=_OUT)] = None,
-    plot: Annotated[Optional[Path], typer.Option(help="Write PNG plots to this folder.", rich_help_panel=_OUT)] = None,
-    json_output: Annotated[bool, typer.Option("--json", help="Print the result JSON instead of tables.", rich_help_panel=_OUT)] = False,
+    base_url: Annotated[
+        str | None,
+        typer.Option(
+            help="Server or gateway URL, e.g. http://127.0.0.1:8000.", rich_help_panel=_TARGET
+        ),
+    ] = None,
+    host: Annotated[
+        str, typer.Option(help="Host when --base-url is not given.", rich_help_panel=_TARGET)
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(help="Port when --base-url is not given.", rich_help_panel=_TARGET)
+    ] = 8000,
+    endpoint: Annotated[
+        str, typer.Option(help="/v1/completions or /v1/chat/completions.", rich_help_panel=_TARGET)
+    ] = "/v1/completions",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="Model name (default: the first the endpoint lists).", rich_help_panel=_TARGET
+        ),
+    ] = None,
+    served_model_name: Annotated[
+        str | None,
+        typer.Option(
+            help="Name sent in requests when it differs from --model.", rich_help_panel=_TARGET
+        ),
+    ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            help="Tokenizer dir or name (default: --model if it is a local dir).",
+            rich_help_panel=_TARGET,
+        ),
+    ] = None,
+    header: Annotated[
+        list[str] | None,
+        typer.Option(help="Extra request header KEY=VALUE (repeatable).", rich_help_panel=_TARGET),
+    ] = None,
+    ignore_eos: Annotated[
+        bool | None,
+        typer.Option(
+            "--ignore-eos/--no-ignore-eos",
+            help="Ask for exactly the output length (default: on for random, prefix and mixed).",
+            rich_help_panel=_TARGET,
+        ),
+    ] = None,
+    request_timeout_s: Annotated[
+        float,
+        typer.Option(
+            help="Give up on a request after this long (counted as failed).",
+            rich_help_panel=_TARGET,
+        ),
+    ] = 600.0,
+    dataset_name: Annotated[
+        str, typer.Option(help="random | prefix | mixed | jsonl.", rich_help_panel=_DATA)
+    ] = "random",
+    dataset_path: Annotated[
+        Path | None,
+        typer.Option(
+            help='JSONL file for --dataset-name jsonl: {"prompt": ..., "max_tokens": ...} a line.',
+            rich_help_panel=_DATA,
+        ),
+    ] = None,
+    num_prompts: Annotated[
+        int, typer.Option(help="Requests to send.", rich_help_panel=_DATA)
+    ] = 1000,
+    random_input_len: Annotated[
+        int,
+        typer.Option(
+            help="Input tokens per prompt (short prompts of mixed).", rich_help_panel=_DATA
+        ),
+    ] = 1024,
+    random_output_len: Annotated[
+        int,
+        typer.Option(
+            help="Output tokens per request (every synthetic dataset).", rich_help_panel=_DATA
+        ),
+    ] = 128,
+    random_range_ratio: Annotated[
+        float,
+        typer.Option(
+            help="Lengths vary uniformly by this ratio around the means.", rich_help_panel=_DATA
+        ),
+    ] = 0.0,
+    prefix_repetition_prefix_len: Annotated[
+        int, typer.Option(help="Shared prefix tokens (prefix dataset).", rich_help_panel=_DATA)
+    ] = 256,
+    prefix_repetition_suffix_len: Annotated[
+        int, typer.Option(help="Random suffix tokens (prefix dataset).", rich_help_panel=_DATA)
+    ] = 64,
+    prefix_repetition_num_prefixes: Annotated[
+        int, typer.Option(help="Distinct shared prefixes (prefix dataset).", rich_help_panel=_DATA)
+    ] = 4,
+    mixed_long_input_len: Annotated[
+        int,
+        typer.Option(
+            help="Input tokens of the long prompts (mixed dataset).", rich_help_panel=_DATA
+        ),
+    ] = 2048,
+    mixed_long_fraction: Annotated[
+        float, typer.Option(help="Share of long prompts (mixed dataset).", rich_help_panel=_DATA)
+    ] = 0.1,
+    seed: Annotated[
+        int, typer.Option(help="Seed for prompts and arrivals.", rich_help_panel=_DATA)
+    ] = 0,
+    max_concurrency: Annotated[
+        int | None, typer.Option(help="Most requests in flight at once.", rich_help_panel=_LOAD)
+    ] = None,
+    request_rate: Annotated[
+        float, typer.Option(help="Requests per second (inf: all at once).", rich_help_panel=_LOAD)
+    ] = math.inf,
+    burstiness: Annotated[
+        float,
+        typer.Option(
+            help="1 = Poisson; below 1 burstier, above 1 steadier.", rich_help_panel=_LOAD
+        ),
+    ] = 1.0,
+    ramp_up_strategy: Annotated[
+        str | None, typer.Option(help="linear | exponential rate ramp.", rich_help_panel=_LOAD)
+    ] = None,
+    ramp_up_start_rps: Annotated[
+        float | None, typer.Option(help="Ramp start rate.", rich_help_panel=_LOAD)
+    ] = None,
+    ramp_up_end_rps: Annotated[
+        float | None, typer.Option(help="Ramp end rate.", rich_help_panel=_LOAD)
+    ] = None,
+    burst_size: Annotated[
+        int | None,
+        typer.Option(help="Send requests in bursts of this many...", rich_help_panel=_LOAD),
+    ] = None,
+    burst_interval_s: Annotated[
+        float, typer.Option(help="...every this many seconds.", rich_help_panel=_LOAD)
+    ] = 1.0,
+    num_processes: Annotated[
+        int,
+        typer.Option(
+            help="Client processes sharing the load (when one core is not enough).",
+            rich_help_panel=_LOAD,
+        ),
+    ] = 1,
+    num_warmups: Annotated[
+        int, typer.Option(help="Unmeasured requests before the run.", rich_help_panel=_LOAD)
+    ] = 0,
+    sweep_request_rates: Annotated[
+        str | None, typer.Option(help="Sweep these rates, e.g. 1,2,4,8.", rich_help_panel=_SWEEP)
+    ] = None,
+    sweep_max_concurrency: Annotated[
+        str | None,
+        typer.Option(help="Sweep these concurrencies, e.g. 1,4,16,64.", rich_help_panel=_SWEEP),
+    ] = None,
+    sweep_min_slo_attainment: Annotated[
+        float,
+        typer.Option(
+            help="Stop when fewer requests than this meet --goodput.", rich_help_panel=_SWEEP
+        ),
+    ] = 0.9,
+    sweep_max_error_share: Annotated[
+        float, typer.Option(help="Stop when more requests than this fail.", rich_help_panel=_SWEEP)
+    ] = 0.05,
+    goodput: Annotated[
+        list[str] | None,
+        typer.Option(help="SLOs in ms, e.g. --goodput ttft:500 tpot:50.", rich_help_panel=_OUT),
+    ] = None,
+    metric_percentiles: Annotated[
+        str, typer.Option(help="Percentiles to report, e.g. 90,99.", rich_help_panel=_OUT)
+    ] = "90,99",
+    price_per_hour: Annotated[
+        float | None,
+        typer.Option(help="Fleet cost per hour, for cost per 1M tokens.", rich_help_panel=_OUT),
+    ] = None,
+    save_result: Annotated[
+        str | None,
+        typer.Option(help="Write the result JSON (to FILE if given).", rich_help_panel=_OUT),
+    ] = None,
+    result_dir: Annotated[
+        Path | None, typer.Option(help="Folder for --save-result.", rich_help_panel=_OUT)
+    ] = None,
+    result_filename: Annotated[
+        str | None, typer.Option(help="File name for --save-result.", rich_help_panel=_OUT)
+    ] = None,
+    save_detailed: Annotated[
+        bool, typer.Option(help="Also save per-request lists.", rich_help_panel=_OUT)
+    ] = False,
+    label: Annotated[
+        str | None,
+        typer.Option(help="Name of this run in results and comparisons.", rich_help_panel=_OUT),
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write PNG plots to this folder.", rich_help_panel=_OUT)
+    ] = None,
+    json_output: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="Print the result JSON instead of tables.", rich_help_panel=_OUT
+        ),
+    ] = False,
 ) -> None:
     """Load-test an OpenAI-compatible endpoint: `rayfleet bench --base-url URL [flags]`."""
     if ctx.invoked_subcommand is not None:
@@ -164,7 +314,9 @@ def _run_sweep(plan, console: Console, json_output: bool) -> None:
     def on_step(value: float):
         if bars:
             bars.pop().__exit__(None, None, None)
-        bar = LiveProgress(plan.config.dataset.num_prompts, f"{plan.sweep.variable}={value:g}", console)
+        bar = LiveProgress(
+            plan.config.dataset.num_prompts, f"{plan.sweep.variable}={value:g}", console
+        )
         bars.append(bar.__enter__())
         return bar.update
 

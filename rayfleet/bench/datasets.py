@@ -99,19 +99,28 @@ def make_prompts(spec: DatasetSpec, tokenizer: Tokenizer | None) -> list[Prompt]
     return mixed_prompts(spec, tokenizer, rng)
 
 
-def random_prompts(spec: DatasetSpec, tokenizer: Tokenizer, rng: np.random.Generator) -> list[Prompt]:
+def random_prompts(
+    spec: DatasetSpec, tokenizer: Tokenizer, rng: np.random.Generator
+) -> list[Prompt]:
     input_lens = _lengths(spec.random_input_len, spec.random_range_ratio, spec.num_prompts, rng)
     output_lens = _lengths(spec.random_output_len, spec.random_range_ratio, spec.num_prompts, rng)
     allowed = ordinary_token_ids(tokenizer, rng)
     texts = [random_text(tokenizer, n_in, rng, allowed) for n_in in input_lens]
-    return [Prompt(text, count_tokens(tokenizer, text), n_out) for text, n_out in zip(texts, output_lens)]
+    return [
+        Prompt(text, count_tokens(tokenizer, text), n_out)
+        for text, n_out in zip(texts, output_lens)
+    ]
 
 
-def prefix_prompts(spec: DatasetSpec, tokenizer: Tokenizer, rng: np.random.Generator) -> list[Prompt]:
+def prefix_prompts(
+    spec: DatasetSpec, tokenizer: Tokenizer, rng: np.random.Generator
+) -> list[Prompt]:
     if spec.num_prefixes < 1:
         raise RayfleetError("--prefix-repetition-num-prefixes must be at least 1")
     allowed = ordinary_token_ids(tokenizer, rng)
-    prefixes = [random_text(tokenizer, spec.prefix_len, rng, allowed) for _ in range(spec.num_prefixes)]
+    prefixes = [
+        random_text(tokenizer, spec.prefix_len, rng, allowed) for _ in range(spec.num_prefixes)
+    ]
     prompts = []
     for i in range(spec.num_prompts):
         prefix = prefixes[i % spec.num_prefixes]
@@ -122,7 +131,9 @@ def prefix_prompts(spec: DatasetSpec, tokenizer: Tokenizer, rng: np.random.Gener
     return [prompts[i] for i in order]
 
 
-def mixed_prompts(spec: DatasetSpec, tokenizer: Tokenizer, rng: np.random.Generator) -> list[Prompt]:
+def mixed_prompts(
+    spec: DatasetSpec, tokenizer: Tokenizer, rng: np.random.Generator
+) -> list[Prompt]:
     if not 0.0 <= spec.mixed_long_fraction <= 1.0:
         raise RayfleetError("--mixed-long-fraction must be between 0 and 1, e.g. 0.1")
     is_long = rng.random(spec.num_prompts) < spec.mixed_long_fraction
@@ -145,8 +156,10 @@ def jsonl_prompts(spec: DatasetSpec, tokenizer: Tokenizer | None) -> list[Prompt
         raise RayfleetError("--dataset-name jsonl needs --dataset-path FILE.jsonl")
     rows = [_jsonl_row(spec.dataset_path, n, line) for n, line in _jsonl_lines(spec.dataset_path)]
     if not rows:
-        raise RayfleetError(f"--dataset-path {spec.dataset_path} has no prompts; add lines like "
-                            '{"prompt": "Hello"}')
+        raise RayfleetError(
+            f"--dataset-path {spec.dataset_path} has no prompts; add lines like "
+            '{"prompt": "Hello"}'
+        )
     prompts = []
     for i in range(spec.num_prompts):
         text, max_tokens = rows[i % len(rows)]
@@ -155,8 +168,12 @@ def jsonl_prompts(spec: DatasetSpec, tokenizer: Tokenizer | None) -> list[Prompt
     return prompts
 
 
-def random_text(tokenizer: Tokenizer, num_tokens: int, rng: np.random.Generator,
-                allowed: np.ndarray | None = None) -> str:
+def random_text(
+    tokenizer: Tokenizer,
+    num_tokens: int,
+    rng: np.random.Generator,
+    allowed: np.ndarray | None = None,
+) -> str:
     """Text that encodes to ``num_tokens`` tokens (exactly, unless merges at the seams
     make that impossible within a few tries; callers count the result)."""
     if num_tokens < 1:
@@ -181,8 +198,9 @@ def count_tokens(tokenizer: Tokenizer, text: str) -> int:
     return len(tokenizer.encode(text, add_special_tokens=False))
 
 
-def ordinary_token_ids(tokenizer: Tokenizer, rng: np.random.Generator,
-                       max_checked: int = 50_000) -> np.ndarray:
+def ordinary_token_ids(
+    tokenizer: Tokenizer, rng: np.random.Generator, max_checked: int = 50_000
+) -> np.ndarray:
     """Ids that are not special and decode to whole characters that encode back to
     themselves (a byte-level piece of a character would not survive a round trip)."""
     special = set(tokenizer.all_special_ids)
@@ -192,7 +210,11 @@ def ordinary_token_ids(tokenizer: Tokenizer, rng: np.random.Generator,
     ids = []
     for i in candidates:
         text = tokenizer.decode([i])
-        if text and "\ufffd" not in text and tokenizer.encode(text, add_special_tokens=False) == [i]:
+        if (
+            text
+            and "\ufffd" not in text
+            and tokenizer.encode(text, add_special_tokens=False) == [i]
+        ):
             ids.append(i)
     return np.array(ids or candidates)
 
@@ -221,10 +243,14 @@ def _jsonl_row(path: Path, number: int, line: str) -> tuple[str, int | None]:
     try:
         row: Any = json.loads(line)
     except json.JSONDecodeError:
-        raise RayfleetError(f"--dataset-path {path}:{number} is not JSON; write one object a line") from None
+        raise RayfleetError(
+            f"--dataset-path {path}:{number} is not JSON; write one object a line"
+        ) from None
     if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
         raise RayfleetError(f'--dataset-path {path}:{number} needs a "prompt" string')
     max_tokens = row.get("max_tokens")
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-        raise RayfleetError(f'--dataset-path {path}:{number}: "max_tokens" must be a positive integer')
+        raise RayfleetError(
+            f'--dataset-path {path}:{number}: "max_tokens" must be a positive integer'
+        )
     return row["prompt"], max_tokens

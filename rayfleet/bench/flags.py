@@ -45,16 +45,25 @@ def plan_from_flags(flags: dict) -> BenchPlan:
         raise RayfleetError(f"--dataset-path: cannot read {dataset.dataset_path} (no such file)")
     model = flags["model"] or first_model(base_url)
     if model is None:
-        raise RayfleetError(f"--model: no model listed at {base_url}/v1/models (is --base-url "
-                            "right and the server up?); pass --model NAME")
+        raise RayfleetError(
+            f"--model: no model listed at {base_url}/v1/models (is --base-url "
+            "right and the server up?); pass --model NAME"
+        )
     target = target_from_flags(flags, base_url, model)
     tokenizer_id = tokenizer_source(flags["tokenizer"], model)
     tokenizer = load_tokenizer(tokenizer_id) if tokenizer_id else None
     config = BenchConfig(
-        target=target, dataset=dataset, shape=shape, tokenizer_id=tokenizer_id,
-        goodput_ms=goodput_ms, percentiles=percentiles, price_per_hour=price_per_hour,
-        num_processes=flags["num_processes"], num_warmups=flags["num_warmups"],
-        label=flags["label"], save_detailed=flags["save_detailed"],
+        target=target,
+        dataset=dataset,
+        shape=shape,
+        tokenizer_id=tokenizer_id,
+        goodput_ms=goodput_ms,
+        percentiles=percentiles,
+        price_per_hour=price_per_hour,
+        num_processes=flags["num_processes"],
+        num_warmups=flags["num_warmups"],
+        label=flags["label"],
+        save_detailed=flags["save_detailed"],
     )
     return BenchPlan(config, tokenizer, sweep, result_path(flags, config), flags["plot"])
 
@@ -130,16 +139,25 @@ def shape_from_flags(flags: dict) -> LoadShape:
 def sweep_from_flags(flags: dict) -> SweepPlan | None:
     rates, concurrencies = flags["sweep_request_rates"], flags["sweep_max_concurrency"]
     if rates and concurrencies:
-        raise RayfleetError("sweep one thing at a time: drop --sweep-request-rates or --sweep-max-concurrency")
+        raise RayfleetError(
+            "sweep one thing at a time: drop --sweep-request-rates or --sweep-max-concurrency"
+        )
     if not (rates or concurrencies):
         return None
-    if not 0 <= flags["sweep_min_slo_attainment"] <= 1 or not 0 <= flags["sweep_max_error_share"] <= 1:
-        raise RayfleetError("--sweep-min-slo-attainment and --sweep-max-error-share are shares in [0, 1]")
+    if (
+        not 0 <= flags["sweep_min_slo_attainment"] <= 1
+        or not 0 <= flags["sweep_max_error_share"] <= 1
+    ):
+        raise RayfleetError(
+            "--sweep-min-slo-attainment and --sweep-max-error-share are shares in [0, 1]"
+        )
     if rates:
         variable, values = "request_rate", parse_values(rates, "--sweep-request-rates")
     else:
         variable, values = "max_concurrency", parse_values(concurrencies, "--sweep-max-concurrency")
-    return SweepPlan(variable, values, flags["sweep_min_slo_attainment"], flags["sweep_max_error_share"])
+    return SweepPlan(
+        variable, values, flags["sweep_min_slo_attainment"], flags["sweep_max_error_share"]
+    )
 
 
 def parse_percentiles(text: str) -> tuple[float, ...]:
@@ -148,13 +166,17 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
     except ValueError:
         values = ()
     if not values or not all(0 < p < 100 for p in values):
-        raise RayfleetError(f"--metric-percentiles {text!r} must be numbers in (0, 100), e.g. 90,99")
+        raise RayfleetError(
+            f"--metric-percentiles {text!r} must be numbers in (0, 100), e.g. 90,99"
+        )
     return values
 
 
 def check_price(price_per_hour: float | None) -> float | None:
     if price_per_hour is not None and price_per_hour < 0:
-        raise RayfleetError("--price-per-hour must be the fleet's non-negative hourly cost, e.g. 12.40")
+        raise RayfleetError(
+            "--price-per-hour must be the fleet's non-negative hourly cost, e.g. 12.40"
+        )
     return price_per_hour
 
 

@@ -66,7 +66,9 @@ def check_shape(shape: LoadShape) -> None:
         if shape.burst_size < 1 or shape.burst_interval_s <= 0:
             raise RayfleetError("--burst-size must be at least 1 and --burst-interval-s positive")
         if shape.ramp_up_strategy or not math.isinf(shape.request_rate):
-            raise RayfleetError("--burst-size sets its own arrivals; drop --request-rate and --ramp-up-*")
+            raise RayfleetError(
+                "--burst-size sets its own arrivals; drop --request-rate and --ramp-up-*"
+            )
 
 
 def check_ramp(shape: LoadShape) -> None:
@@ -79,7 +81,8 @@ def check_ramp(shape: LoadShape) -> None:
         raise RayfleetError("--ramp-up-strategy needs --ramp-up-start-rps and --ramp-up-end-rps")
     if start <= 0 or end < start:
         raise RayfleetError(
-            f"--ramp-up-start-rps ({start:g}) must be positive and at most --ramp-up-end-rps ({end:g})"
+            f"--ramp-up-start-rps ({start:g}) must be positive and at most "
+            f"--ramp-up-end-rps ({end:g})"
         )
 
 
@@ -123,4 +126,3 @@ def _gaps_s(rates: np.ndarray, burstiness: float, rng: np.random.Generator) -> n
     if math.isinf(burstiness):
         return 1.0 / rates
     return rng.gamma(shape=burstiness, scale=1.0 / (rates * burstiness))
-

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -60,7 +60,9 @@ def parse_goodput(pairs: Sequence[str]) -> dict[str, float]:
                     f"--goodput {item!r}: the SLO name must be one of {', '.join(SLO_METRICS)}"
                 )
             if slos[name] < 0:
-                raise RayfleetError(f"--goodput {item!r}: the SLO must be a non-negative number of ms")
+                raise RayfleetError(
+                    f"--goodput {item!r}: the SLO must be a non-negative number of ms"
+                )
     return slos
 
 
@@ -93,7 +95,9 @@ def count_good(lat: Latencies, slos_ms: dict[str, float]) -> int:
     )
 
 
-def stats_ms(name: str, values_s: Sequence[float], percentiles: Sequence[float]) -> dict[str, float]:
+def stats_ms(
+    name: str, values_s: Sequence[float], percentiles: Sequence[float]
+) -> dict[str, float]:
     """``mean_<name>_ms``, ``median_``, ``std_`` and ``p<P>_`` keys, as vLLM writes them."""
     values = np.asarray(values_s or [0.0]) * 1000.0
     out = {
@@ -142,8 +146,10 @@ def max_requests_per_second_bucket(results: Sequence[RequestResult]) -> int:
 
 def peak_in_flight(results: Sequence[RequestResult]) -> int:
     """The most successful requests in flight at the same instant."""
-    events = sorted([(r.start_s, 1) for r in results if r.ok]
-                    + [(r.start_s + r.e2e_s, -1) for r in results if r.ok])
+    events = sorted(
+        [(r.start_s, 1) for r in results if r.ok]
+        + [(r.start_s + r.e2e_s, -1) for r in results if r.ok]
+    )
     running = peak = 0
     for _, step in events:
         running += step
@@ -161,7 +167,9 @@ def error_counts(results: Sequence[RequestResult]) -> dict[str, int]:
     return dict(Counter(r.error_kind for r in results if not r.ok).most_common())
 
 
-def cost_per_million(price_per_hour: float | None, duration_s: float, num_tokens: int) -> float | None:
+def cost_per_million(
+    price_per_hour: float | None, duration_s: float, num_tokens: int
+) -> float | None:
     """What a million tokens cost at this throughput, for a fleet costing ``price_per_hour``."""
     if price_per_hour is None or num_tokens == 0:
         return None
@@ -213,7 +221,8 @@ def _ours(results, duration_s, num_output, num_input, price_per_hour, per_second
         "price_per_hour": price_per_hour,
         "cost_per_million_output_tokens": cost_per_million(price_per_hour, duration_s, num_output),
         "cost_per_million_total_tokens": cost_per_million(
-            price_per_hour, duration_s, num_output + num_input),
+            price_per_hour, duration_s, num_output + num_input
+        ),
         "max_in_flight_requests": peak_in_flight(results),
         "output_tokens_per_s_timeline": per_second,
     }

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -65,7 +65,9 @@ def plot_throughput(run: BenchRun, path: Path) -> Path:
     return _save(fig, path)
 
 
-def plot_sweep(variable: str, steps: Sequence[dict], out_dir: Path, prefix: str = "bench") -> list[Path]:
+def plot_sweep(
+    variable: str, steps: Sequence[dict], out_dir: Path, prefix: str = "bench"
+) -> list[Path]:
     """Latency percentiles against load, and throughput against load."""
     out_dir.mkdir(parents=True, exist_ok=True)
     plt = _pyplot()

@@ -28,7 +28,7 @@ class LiveProgress:
         self.task = self.progress.add_task(description, total=num_requests, rates="", errors="")
         self.start_s = time.perf_counter()
 
-    def __enter__(self) -> "LiveProgress":
+    def __enter__(self) -> LiveProgress:
         self.progress.start()
         self.start_s = time.perf_counter()
         return self

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from rich.table import Table
 
@@ -50,12 +50,17 @@ def load_runs(path: Path) -> list[tuple[str, dict]]:
     try:
         data = json.loads(Path(path).read_text())
     except OSError as exc:
-        raise RayfleetError(f"cannot read result file {path} ({exc.strerror}); pass a --save-result file") from None
+        raise RayfleetError(
+            f"cannot read result file {path} ({exc.strerror}); pass a --save-result file"
+        ) from None
     except json.JSONDecodeError:
         raise RayfleetError(f"{path} is not JSON; pass a file written by --save-result") from None
     if isinstance(data, dict) and "steps" in data:
         variable = data["sweep"]["variable"]
-        return [(f"{Path(path).stem}@{variable}={step['sweep_value']:g}", step) for step in data["steps"]]
+        return [
+            (f"{Path(path).stem}@{variable}={step['sweep_value']:g}", step)
+            for step in data["steps"]
+        ]
     if not isinstance(data, dict) or "request_throughput" not in data:
         raise RayfleetError(f"{path} has no benchmark result; pass a file written by --save-result")
     return [(data.get("label") or Path(path).stem, data)]
@@ -97,8 +102,12 @@ def summary_rows(result: dict) -> list[tuple[str, object]]:
     if result.get("request_goodput") is not None:
         rows.append(("goodput requests/s", result["request_goodput"]))
     if result.get("cost_per_million_output_tokens") is not None:
-        rows.append((f"cost per 1M output tokens at {result['price_per_hour']:g}/h",
-                     result["cost_per_million_output_tokens"]))
+        rows.append(
+            (
+                f"cost per 1M output tokens at {result['price_per_hour']:g}/h",
+                result["cost_per_million_output_tokens"],
+            )
+        )
     if result.get("num_cancelled"):
         rows.append(("cancelled by Ctrl-C", result["num_cancelled"]))
     for status, count in (result.get("errors_by_status") or {}).items():
@@ -119,7 +128,9 @@ def latency_table(result: dict) -> Table:
         table.add_column(header, justify="right")
     for name in LATENCY_METRICS:
         keys = ["mean", "median", *(f"p{p}" for p in percentiles)]
-        table.add_row(LATENCY_NAMES[name], *(format_value(result.get(f"{k}_{name}_ms")) for k in keys))
+        table.add_row(
+            LATENCY_NAMES[name], *(format_value(result.get(f"{k}_{name}_ms")) for k in keys)
+        )
     return table
 
 
@@ -128,17 +139,24 @@ def saved_percentiles(result: dict) -> list[str]:
     labels = []
     for key in result:
         if key.startswith("p") and key.endswith("_ttft_ms"):
-            labels.append(key[1:-len("_ttft_ms")])
+            labels.append(key[1 : -len("_ttft_ms")])
     return sorted(labels, key=float)
 
 
 def sweep_table(variable: str, steps: Sequence[dict]) -> Table:
     """One row per sweep step: load, throughput, goodput, failures, latency p50 and p99 (ms)."""
     table = Table(title=f"Sweep over {variable} (latencies in ms)", title_justify="left")
-    columns = (("req/s", "request_throughput"), ("out tok/s", "output_throughput"),
-               ("goodput", "request_goodput"), ("failed", "failed"),
-               ("TTFT p50", "median_ttft_ms"), ("TTFT p99", "p99_ttft_ms"),
-               ("TPOT p50", "median_tpot_ms"), ("TPOT p99", "p99_tpot_ms"), ("ITL p99", "p99_itl_ms"))
+    columns = (
+        ("req/s", "request_throughput"),
+        ("out tok/s", "output_throughput"),
+        ("goodput", "request_goodput"),
+        ("failed", "failed"),
+        ("TTFT p50", "median_ttft_ms"),
+        ("TTFT p99", "p99_ttft_ms"),
+        ("TPOT p50", "median_tpot_ms"),
+        ("TPOT p99", "p99_tpot_ms"),
+        ("ITL p99", "p99_itl_ms"),
+    )
     table.add_column(variable.replace("_", " "), justify="right")
     for header, _ in columns:
         table.add_column(header, justify="right")
@@ -171,7 +189,10 @@ def compare_table(runs: Sequence[tuple[str, dict]]) -> Table:
             continue
         cells = [format_value(base.get(key))]
         for _, run in runs[1:]:
-            cells += [format_value(run.get(key)), ratio_cell(base.get(key), run.get(key), higher_is_better)]
+            cells += [
+                format_value(run.get(key)),
+                ratio_cell(base.get(key), run.get(key), higher_is_better),
+            ]
         table.add_row(label, *cells)
     return table
 

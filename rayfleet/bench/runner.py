@@ -16,8 +16,9 @@ import contextlib
 import multiprocessing as mp
 import signal
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -76,7 +77,9 @@ def run_load(
     offsets_s = arrival_offsets_s(shape, len(prompts))
     if num_processes <= 1:
         use_uvloop()
-        return asyncio.run(_run_here(target, prompts, offsets_s, shape.max_concurrency, on_progress))
+        return asyncio.run(
+            _run_here(target, prompts, offsets_s, shape.max_concurrency, on_progress)
+        )
     return _run_in_processes(target, prompts, offsets_s, shape, num_processes, on_progress)
 
 
@@ -150,14 +153,17 @@ async def drive(
 
 def _run_in_processes(target, prompts, offsets_s, shape, num_processes, on_progress) -> RunOutput:
     ctx = mp.get_context("spawn")
-    sync = _WorkerSync(ctx.Barrier(num_processes + 1), ctx.Event(), ctx.Value("d", 0.0, lock=False),
-                       ctx.Event())
+    sync = _WorkerSync(
+        ctx.Barrier(num_processes + 1), ctx.Event(), ctx.Value("d", 0.0, lock=False), ctx.Event()
+    )
     # Workers start with Ctrl-C ignored (inherited), so one pressed while they boot cannot
     # kill them half-way; from then on the parent forwards it as the ``stop`` event.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        workers = [_start_worker(ctx, target, prompts, offsets_s, shape, num_processes, index, sync)
-                   for index in range(num_processes)]
+        workers = [
+            _start_worker(ctx, target, prompts, offsets_s, shape, num_processes, index, sync)
+            for index in range(num_processes)
+        ]
         signal.signal(signal.SIGINT, lambda *_: sync.stop.set())
         # One schedule for all: every worker starts its clock at the same instant.
         sync.ready.wait(timeout=120)
@@ -183,8 +189,15 @@ def _start_worker(ctx, target, prompts, offsets_s, shape, num_processes, index, 
     receiver, sender = ctx.Pipe(duplex=False)
     process = ctx.Process(
         target=_worker_main,
-        args=(target, list(prompts[index::num_processes]), offsets_s[index::num_processes],
-              share.max_concurrency, counts, sync, sender),
+        args=(
+            target,
+            list(prompts[index::num_processes]),
+            offsets_s[index::num_processes],
+            share.max_concurrency,
+            counts,
+            sync,
+            sender,
+        ),
         daemon=True,
     )
     process.start()
@@ -203,7 +216,8 @@ def _collect(workers, on_progress) -> list[RunOutput]:
                     process.join()
                     raise RuntimeError(
                         f"bench worker process {index} exited with code {process.exitcode} "
-                        "before sending its results") from None
+                        "before sending its results"
+                    ) from None
                 process.join()
         if on_progress:
             on_progress(_sum_counts(workers))
@@ -243,7 +257,10 @@ class _SharedCounts(Counts):
     def add(self, result: RequestResult) -> None:
         super().add(result)
         self.shared[0], self.shared[1], self.shared[2] = (
-            self.num_done, self.num_failed, self.num_output_tokens)
+            self.num_done,
+            self.num_failed,
+            self.num_output_tokens,
+        )
 
 
 def _worker_main(target, prompts, offsets_s, max_concurrency, shared, sync, sender) -> None:
@@ -260,8 +277,15 @@ async def _worker_run(target, prompts, offsets_s, max_concurrency, shared, sync)
     asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
     watcher = asyncio.create_task(_watch_parent_stop(sync.stop, stop))
     try:
-        return await drive(target, prompts, offsets_s, max_concurrency, _SharedCounts(shared),
-                           stop, start_s=sync.start_at.value)
+        return await drive(
+            target,
+            prompts,
+            offsets_s,
+            max_concurrency,
+            _SharedCounts(shared),
+            stop,
+            start_s=sync.start_at.value,
+        )
     finally:
         watcher.cancel()
 

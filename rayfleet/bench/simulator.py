@@ -40,17 +40,29 @@ class SimulatorSpec:
 
 def token_chunk(is_chat: bool) -> bytes:
     if is_chat:
-        body = {"object": "chat.completion.chunk", "model": "sim",
-                "choices": [{"index": 0, "delta": {"content": " tok"}, "finish_reason": None}]}
+        body = {
+            "object": "chat.completion.chunk",
+            "model": "sim",
+            "choices": [{"index": 0, "delta": {"content": " tok"}, "finish_reason": None}],
+        }
     else:
-        body = {"object": "text_completion", "model": "sim",
-                "choices": [{"index": 0, "text": " tok", "finish_reason": None}]}
+        body = {
+            "object": "text_completion",
+            "model": "sim",
+            "choices": [{"index": 0, "text": " tok", "finish_reason": None}],
+        }
     return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 
 def usage_chunk(num_prompt: int, num_completion: int) -> bytes:
-    body = {"choices": [], "usage": {"prompt_tokens": num_prompt, "completion_tokens": num_completion,
-                                     "total_tokens": num_prompt + num_completion}}
+    body = {
+        "choices": [],
+        "usage": {
+            "prompt_tokens": num_prompt,
+            "completion_tokens": num_completion,
+            "total_tokens": num_prompt + num_completion,
+        },
+    }
     return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 
@@ -71,11 +83,16 @@ def make_app(spec: SimulatorSpec) -> web.Application:
         body = await request.json()
         headers = {REPLICA_HEADER: next(replicas)} if replicas else {}
         if spec.fail_every and number % spec.fail_every == 0:
-            return web.json_response({"error": {"message": "simulated failure"}},
-                                     status=spec.fail_status, headers=headers)
+            return web.json_response(
+                {"error": {"message": "simulated failure"}},
+                status=spec.fail_status,
+                headers=headers,
+            )
         is_chat = "messages" in body
-        num_tokens = min(int(body.get("max_tokens") or body.get("max_completion_tokens") or 16),
-                         spec.max_tokens_cap)
+        num_tokens = min(
+            int(body.get("max_tokens") or body.get("max_completion_tokens") or 16),
+            spec.max_tokens_cap,
+        )
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})
         await response.prepare(request)
         try:
@@ -118,8 +135,15 @@ def serve(spec: SimulatorSpec, host: str, port: int) -> None:
         uvloop.install()
     except ImportError:
         pass
-    web.run_app(make_app(spec), host=host, port=port, reuse_port=True, print=None,
-                access_log=None, handle_signals=True)
+    web.run_app(
+        make_app(spec),
+        host=host,
+        port=port,
+        reuse_port=True,
+        print=None,
+        access_log=None,
+        handle_signals=True,
+    )
 
 
 class SimulatorThread:
@@ -137,7 +161,7 @@ class SimulatorThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def __enter__(self) -> "SimulatorThread":
+    def __enter__(self) -> SimulatorThread:
         self._thread.start()
         if not self._ready.wait(timeout=30):
             raise RuntimeError("simulator did not start within 30 s")

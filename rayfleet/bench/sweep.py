@@ -8,8 +8,8 @@ the knee is.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from rayfleet.bench.benchmark import BenchConfig, BenchRun, run_benchmark
 from rayfleet.bench.datasets import Tokenizer, make_prompts
@@ -38,10 +38,13 @@ class SweepRun:
     def result(self, plan: SweepPlan) -> dict:
         """The saved sweep: one vLLM-style result per step, and why it stopped."""
         return {
-            "sweep": {"variable": plan.variable, "values": list(plan.values),
-                      "min_slo_attainment": plan.min_slo_attainment,
-                      "max_error_share": plan.max_error_share,
-                      "stop_reason": self.stop_reason},
+            "sweep": {
+                "variable": plan.variable,
+                "values": list(plan.values),
+                "min_slo_attainment": plan.min_slo_attainment,
+                "max_error_share": plan.max_error_share,
+                "stop_reason": self.stop_reason,
+            },
             "steps": [step.result for step in self.steps],
         }
 
@@ -90,8 +93,12 @@ def run_sweep(
     steps: list[BenchRun] = []
     for value in plan.values:
         progress = on_step(value) if on_step else None
-        run = run_benchmark(step_config(config, plan.variable, value), tokenizer,
-                            prompts=prompts, on_progress=progress)
+        run = run_benchmark(
+            step_config(config, plan.variable, value),
+            tokenizer,
+            prompts=prompts,
+            on_progress=progress,
+        )
         run.result["sweep_value"] = value
         steps.append(run)
         if reason := stop_reason(run.result, plan):

@@ -40,30 +40,78 @@ main(parser.parse_args(sys.argv[1:]))
 
 def run_vllm_bench(url: str, tokenizer: Path, out: Path, seed: int) -> dict:
     args = [
-        "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
-        "--model", "tiny", "--tokenizer", str(tokenizer), "--dataset-name", "random",
-        "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
-        "--num-prompts", str(NUM_PROMPTS), "--max-concurrency", str(CONCURRENCY),
-        "--ignore-eos", "--seed", str(seed), "--disable-tqdm",
-        "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name,
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "90,99",
+        "--backend",
+        "openai",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        "tiny",
+        "--tokenizer",
+        str(tokenizer),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(INPUT_LEN),
+        "--random-output-len",
+        str(OUTPUT_LEN),
+        "--num-prompts",
+        str(NUM_PROMPTS),
+        "--max-concurrency",
+        str(CONCURRENCY),
+        "--ignore-eos",
+        "--seed",
+        str(seed),
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(out.parent),
+        "--result-filename",
+        out.name,
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "90,99",
     ]
-    done = subprocess.run([sys.executable, "-c", VLLM_BENCH, *args], capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", VLLM_BENCH, *args], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
 
 
 def run_rayfleet_bench(url: str, tokenizer: Path, out: Path, seed: int, *extra: str) -> dict:
     args = [
-        "bench", "--base-url", url, "--endpoint", "/v1/completions", "--model", "tiny",
-        "--tokenizer", str(tokenizer), "--dataset-name", "random",
-        "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
-        "--num-prompts", str(NUM_PROMPTS), "--max-concurrency", str(CONCURRENCY),
-        "--ignore-eos", "--seed", str(seed), "--save-result", str(out), *extra,
+        "bench",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        "tiny",
+        "--tokenizer",
+        str(tokenizer),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(INPUT_LEN),
+        "--random-output-len",
+        str(OUTPUT_LEN),
+        "--num-prompts",
+        str(NUM_PROMPTS),
+        "--max-concurrency",
+        str(CONCURRENCY),
+        "--ignore-eos",
+        "--seed",
+        str(seed),
+        "--save-result",
+        str(out),
+        *extra,
     ]
-    done = subprocess.run([sys.executable, "-m", "rayfleet.cli", *args], capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "rayfleet.cli", *args], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     return json.loads(out.read_text())
 
@@ -72,8 +120,12 @@ def compare_with_vllm(url: str, tokenizer: Path, out_dir: Path, num_rounds: int 
     """Interleaved rounds of both benchmarks; the per-metric medians of each."""
     ours, theirs = [], []
     for round_index in range(num_rounds):
-        theirs.append(run_vllm_bench(url, tokenizer, out_dir / f"vllm-{round_index}.json", round_index))
-        ours.append(run_rayfleet_bench(url, tokenizer, out_dir / f"ours-{round_index}.json", round_index))
+        theirs.append(
+            run_vllm_bench(url, tokenizer, out_dir / f"vllm-{round_index}.json", round_index)
+        )
+        ours.append(
+            run_rayfleet_bench(url, tokenizer, out_dir / f"ours-{round_index}.json", round_index)
+        )
     medians = {
         key: (statistics.median(r[key] for r in ours), statistics.median(r[key] for r in theirs))
         for key in COMPARED
@@ -86,18 +138,32 @@ def test_bench_agrees_with_vllm_benchmark_within_10_percent(vllm_tiny, tiny_mode
     for run in ours + theirs:
         assert run["completed"] == NUM_PROMPTS and run["failed"] == 0
         assert run["total_output_tokens"] == NUM_PROMPTS * OUTPUT_LEN
-    report = {key: f"ours {a:.3f} vs vLLM {b:.3f} ({a / b - 1:+.1%})" for key, (a, b) in medians.items()}
+    report = {
+        key: f"ours {a:.3f} vs vLLM {b:.3f} ({a / b - 1:+.1%})" for key, (a, b) in medians.items()
+    }
     for key, (mine, vllm) in medians.items():
         assert abs(mine / vllm - 1) <= TOLERANCE, report
 
 
 def test_saved_result_has_every_vllm_key(vllm_tiny, tiny_model, tmp_path):
     theirs = run_vllm_bench(vllm_tiny.url, tiny_model, tmp_path / "vllm.json", 0)
-    ours = run_rayfleet_bench(vllm_tiny.url, tiny_model, tmp_path / "ours.json", 0,
-                              "--price-per-hour", "12.40", "--goodput", "ttft:500", "tpot:50")
+    ours = run_rayfleet_bench(
+        vllm_tiny.url,
+        tiny_model,
+        tmp_path / "ours.json",
+        0,
+        "--price-per-hour",
+        "12.40",
+        "--goodput",
+        "ttft:500",
+        "tpot:50",
+    )
     vllm_only = {"rtfx"}  # audio benchmarks' inverse real-time factor: no meaning here
     assert set(theirs) - set(ours) <= vllm_only
-    assert ours["request_goodput"] is not None and ours["request_goodput"] <= ours["request_throughput"]
+    assert (
+        ours["request_goodput"] is not None
+        and ours["request_goodput"] <= ours["request_throughput"]
+    )
     expected_cost = 12.40 * ours["duration"] / 3600 / ours["total_output_tokens"] * 1e6
     assert ours["cost_per_million_output_tokens"] == pytest.approx(expected_cost)
     assert ours["errors_by_status"] == {} and ours["replicas"] == {}
@@ -105,13 +171,36 @@ def test_saved_result_has_every_vllm_key(vllm_tiny, tiny_model, tmp_path):
 
 def test_chat_endpoint_and_prefix_dataset(vllm_tiny, tiny_model, tmp_path):
     out = tmp_path / "chat.json"
-    args = ["bench", "--base-url", vllm_tiny.url, "--endpoint", "/v1/chat/completions",
-            "--model", "tiny", "--tokenizer", str(tiny_model), "--dataset-name", "prefix",
-            "--prefix-repetition-prefix-len", "128", "--prefix-repetition-suffix-len", "16",
-            "--prefix-repetition-num-prefixes", "2", "--random-output-len", "8",
-            "--num-prompts", "40", "--request-rate", "40", "--save-result", str(out)]
-    done = subprocess.run([sys.executable, "-m", "rayfleet.cli", *args], capture_output=True,
-                          text=True, timeout=600)
+    args = [
+        "bench",
+        "--base-url",
+        vllm_tiny.url,
+        "--endpoint",
+        "/v1/chat/completions",
+        "--model",
+        "tiny",
+        "--tokenizer",
+        str(tiny_model),
+        "--dataset-name",
+        "prefix",
+        "--prefix-repetition-prefix-len",
+        "128",
+        "--prefix-repetition-suffix-len",
+        "16",
+        "--prefix-repetition-num-prefixes",
+        "2",
+        "--random-output-len",
+        "8",
+        "--num-prompts",
+        "40",
+        "--request-rate",
+        "40",
+        "--save-result",
+        str(out),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "rayfleet.cli", *args], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["completed"] == 40 and result["failed"] == 0
@@ -133,14 +222,26 @@ def test_metrics_equal_vllm_calculate_metrics_on_the_same_requests(vllm_tiny, ti
     from rayfleet.bench.runner import run_load
 
     tokenizer = load_tokenizer(str(tiny_model))
-    prompts = make_prompts(DatasetSpec(num_prompts=40, random_input_len=32, random_output_len=16,
-                                       random_range_ratio=0.5), tokenizer)
-    output = run_load(Target(vllm_tiny.url, model="tiny", ignore_eos=True), prompts,
-                      LoadShape(max_concurrency=8))
+    prompts = make_prompts(
+        DatasetSpec(
+            num_prompts=40, random_input_len=32, random_output_len=16, random_range_ratio=0.5
+        ),
+        tokenizer,
+    )
+    output = run_load(
+        Target(vllm_tiny.url, model="tiny", ignore_eos=True), prompts, LoadShape(max_concurrency=8)
+    )
     theirs_in = [
-        RequestFuncOutput(success=r.ok, latency=r.e2e_s, output_tokens=r.num_output_tokens,
-                          ttft=r.ttft_s, itl=r.itl_s, prompt_len=r.num_input_tokens,
-                          start_time=r.start_s, generated_text="x")
+        RequestFuncOutput(
+            success=r.ok,
+            latency=r.e2e_s,
+            output_tokens=r.num_output_tokens,
+            ttft=r.ttft_s,
+            itl=r.itl_s,
+            prompt_len=r.num_input_tokens,
+            start_time=r.start_s,
+            generated_text="x",
+        )
         for r in output.results
     ]
     slos = {"ttft": 50.0, "tpot": 5.0}
@@ -149,9 +250,19 @@ def test_metrics_equal_vllm_calculate_metrics_on_the_same_requests(vllm_tiny, ti
     assert theirs.completed == ours["completed"] == 40
     for key in ("total_input", "total_output"):
         assert getattr(theirs, key) == ours[f"{key}_tokens"]
-    for key in ("request_throughput", "request_goodput", "output_throughput",
-                "total_token_throughput", "max_concurrent_requests", "max_output_tokens_per_s"):
-        assert getattr(theirs, key) == pytest.approx(ours[key]), (key, getattr(theirs, key), ours[key])
+    for key in (
+        "request_throughput",
+        "request_goodput",
+        "output_throughput",
+        "total_token_throughput",
+        "max_concurrent_requests",
+        "max_output_tokens_per_s",
+    ):
+        assert getattr(theirs, key) == pytest.approx(ours[key]), (
+            key,
+            getattr(theirs, key),
+            ours[key],
+        )
     for name in ("ttft", "tpot", "itl", "e2el"):
         for stat in ("mean", "median", "std"):
             assert getattr(theirs, f"{stat}_{name}_ms") == pytest.approx(ours[f"{stat}_{name}_ms"])

@@ -16,19 +16,27 @@ def tokenizer(tiny_model):
 
 
 def test_random_prompts_have_exact_lengths_and_repeat_with_the_seed(tokenizer):
-    spec = DatasetSpec(name="random", num_prompts=20, random_input_len=64, random_output_len=16, seed=3)
+    spec = DatasetSpec(
+        name="random", num_prompts=20, random_input_len=64, random_output_len=16, seed=3
+    )
     prompts = make_prompts(spec, tokenizer)
     assert len(prompts) == 20
     assert all(count_tokens(tokenizer, p.text) == p.num_input_tokens == 64 for p in prompts)
     assert all(p.num_output_tokens == 16 for p in prompts)
     assert len({p.text for p in prompts}) == 20
     assert make_prompts(spec, tokenizer) == prompts
-    assert make_prompts(DatasetSpec(name="random", num_prompts=20, random_input_len=64, seed=4),
-                        tokenizer) != prompts
+    assert (
+        make_prompts(
+            DatasetSpec(name="random", num_prompts=20, random_input_len=64, seed=4), tokenizer
+        )
+        != prompts
+    )
 
 
 def test_random_range_ratio_spreads_lengths_within_bounds(tokenizer):
-    spec = DatasetSpec(num_prompts=50, random_input_len=40, random_output_len=20, random_range_ratio=0.5)
+    spec = DatasetSpec(
+        num_prompts=50, random_input_len=40, random_output_len=20, random_range_ratio=0.5
+    )
     prompts = make_prompts(spec, tokenizer)
     inputs = [p.num_input_tokens for p in prompts]
     outputs = [p.num_output_tokens for p in prompts]
@@ -37,10 +45,18 @@ def test_random_range_ratio_spreads_lengths_within_bounds(tokenizer):
 
 
 def test_prefix_dataset_shares_k_system_prompts(tokenizer):
-    spec = DatasetSpec(name="prefix", num_prompts=30, prefix_len=100, suffix_len=10, num_prefixes=3,
-                       random_output_len=8)
+    spec = DatasetSpec(
+        name="prefix",
+        num_prompts=30,
+        prefix_len=100,
+        suffix_len=10,
+        num_prefixes=3,
+        random_output_len=8,
+    )
     prompts = make_prompts(spec, tokenizer)
-    heads = {tokenizer.decode(tokenizer.encode(p.text, add_special_tokens=False)[:90]) for p in prompts}
+    heads = {
+        tokenizer.decode(tokenizer.encode(p.text, add_special_tokens=False)[:90]) for p in prompts
+    }
     assert len(heads) == 3
     assert len({p.text for p in prompts}) == 30
     assert all(p.num_input_tokens == count_tokens(tokenizer, p.text) for p in prompts)
@@ -48,8 +64,13 @@ def test_prefix_dataset_shares_k_system_prompts(tokenizer):
 
 
 def test_mixed_dataset_has_its_share_of_long_prompts(tokenizer):
-    spec = DatasetSpec(name="mixed", num_prompts=200, random_input_len=16, mixed_long_input_len=300,
-                       mixed_long_fraction=0.25)
+    spec = DatasetSpec(
+        name="mixed",
+        num_prompts=200,
+        random_input_len=16,
+        mixed_long_input_len=300,
+        mixed_long_fraction=0.25,
+    )
     lengths = [p.num_input_tokens for p in make_prompts(spec, tokenizer)]
     assert set(lengths) == {16, 300}
     assert 30 <= lengths.count(300) <= 70
@@ -57,20 +78,28 @@ def test_mixed_dataset_has_its_share_of_long_prompts(tokenizer):
 
 def test_jsonl_prompts_cycle_and_keep_their_max_tokens(tmp_path):
     path = tmp_path / "prompts.jsonl"
-    path.write_text(json.dumps({"prompt": "a b c", "max_tokens": 5}) + "\n\n"
-                    + json.dumps({"prompt": "d"}) + "\n")
-    prompts = make_prompts(DatasetSpec(name="jsonl", dataset_path=path, num_prompts=5,
-                                       random_output_len=9), None)
+    path.write_text(
+        json.dumps({"prompt": "a b c", "max_tokens": 5})
+        + "\n\n"
+        + json.dumps({"prompt": "d"})
+        + "\n"
+    )
+    prompts = make_prompts(
+        DatasetSpec(name="jsonl", dataset_path=path, num_prompts=5, random_output_len=9), None
+    )
     assert [p.text for p in prompts] == ["a b c", "d", "a b c", "d", "a b c"]
     assert [p.num_output_tokens for p in prompts] == [5, 9, 5, 9, 5]
 
 
-@pytest.mark.parametrize("content, message", [
-    ('{"prompt": "ok"}\nnot json\n', "prompts.jsonl:2 is not JSON"),
-    ('{"text": "x"}\n', 'needs a "prompt" string'),
-    ('{"prompt": "x", "max_tokens": 0}\n', "max_tokens"),
-    ("\n", "has no prompts"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"prompt": "ok"}\nnot json\n', "prompts.jsonl:2 is not JSON"),
+        ('{"text": "x"}\n', 'needs a "prompt" string'),
+        ('{"prompt": "x", "max_tokens": 0}\n', "max_tokens"),
+        ("\n", "has no prompts"),
+    ],
+)
 def test_jsonl_errors_name_the_line_and_the_fix(tmp_path, content, message):
     path = tmp_path / "prompts.jsonl"
     path.write_text(content)

@@ -36,8 +36,9 @@ def test_bursts_send_groups_at_intervals():
 
 
 def test_linear_ramp_rises_from_start_to_end_rate():
-    shape = LoadShape(ramp_up_strategy="linear", ramp_up_start_rps=1, ramp_up_end_rps=20,
-                      burstiness=math.inf)
+    shape = LoadShape(
+        ramp_up_strategy="linear", ramp_up_start_rps=1, ramp_up_end_rps=20, burstiness=math.inf
+    )
     rates = ramp_rates(shape, 39)
     assert rates[0] == 1 and rates[-1] == 20 and rates[19] == pytest.approx(10.5)
     gaps = np.diff(arrival_offsets_s(shape, 39))
@@ -49,17 +50,27 @@ def test_exponential_ramp_is_geometric():
     assert ramp_rates(shape, 5).tolist() == pytest.approx([1, 2, 4, 8, 16])
 
 
-@pytest.mark.parametrize("shape, flag", [
-    (LoadShape(max_concurrency=0), "--max-concurrency"),
-    (LoadShape(request_rate=0), "--request-rate"),
-    (LoadShape(burstiness=0), "--burstiness"),
-    (LoadShape(ramp_up_strategy="cubic", ramp_up_start_rps=1, ramp_up_end_rps=2), "--ramp-up-strategy"),
-    (LoadShape(ramp_up_strategy="linear"), "--ramp-up-start-rps"),
-    (LoadShape(ramp_up_strategy="linear", request_rate=3, ramp_up_start_rps=1, ramp_up_end_rps=2),
-     "drop --request-rate"),
-    (LoadShape(ramp_up_strategy="linear", ramp_up_start_rps=5, ramp_up_end_rps=2), "at most"),
-    (LoadShape(burst_size=4, request_rate=3), "--burst-size"),
-])
+@pytest.mark.parametrize(
+    "shape, flag",
+    [
+        (LoadShape(max_concurrency=0), "--max-concurrency"),
+        (LoadShape(request_rate=0), "--request-rate"),
+        (LoadShape(burstiness=0), "--burstiness"),
+        (
+            LoadShape(ramp_up_strategy="cubic", ramp_up_start_rps=1, ramp_up_end_rps=2),
+            "--ramp-up-strategy",
+        ),
+        (LoadShape(ramp_up_strategy="linear"), "--ramp-up-start-rps"),
+        (
+            LoadShape(
+                ramp_up_strategy="linear", request_rate=3, ramp_up_start_rps=1, ramp_up_end_rps=2
+            ),
+            "drop --request-rate",
+        ),
+        (LoadShape(ramp_up_strategy="linear", ramp_up_start_rps=5, ramp_up_end_rps=2), "at most"),
+        (LoadShape(burst_size=4, request_rate=3), "--burst-size"),
+    ],
+)
 def test_impossible_shapes_name_the_flag(shape, flag):
     with pytest.raises(RayfleetError, match=flag):
         arrival_offsets_s(shape, 10)

@@ -7,19 +7,39 @@ import pytest
 
 from rayfleet.bench.client import RequestResult
 from rayfleet.bench.metrics import (
-    count_good, cost_per_million, latencies, output_tokens_per_second, parse_goodput,
-    max_requests_per_second_bucket, peak_in_flight, summarize,
+    cost_per_million,
+    count_good,
+    latencies,
+    max_requests_per_second_bucket,
+    output_tokens_per_second,
+    parse_goodput,
+    peak_in_flight,
+    summarize,
 )
 from rayfleet.errors import RayfleetError
 
 
-def ok(start_s=0.0, ttft_s=0.1, itl_s=(0.01, 0.01, 0.01), num_output_tokens=None, replica="",
-       num_input_tokens=10):
+def ok(
+    start_s=0.0,
+    ttft_s=0.1,
+    itl_s=(0.01, 0.01, 0.01),
+    num_output_tokens=None,
+    replica="",
+    num_input_tokens=10,
+):
     itl = list(itl_s)
-    return RequestResult(ok=True, status=200, start_s=start_s, scheduled_s=start_s, ttft_s=ttft_s,
-                         itl_s=itl, e2e_s=ttft_s + sum(itl),
-                         num_output_tokens=num_output_tokens or len(itl) + 1,
-                         num_input_tokens=num_input_tokens, replica=replica)
+    return RequestResult(
+        ok=True,
+        status=200,
+        start_s=start_s,
+        scheduled_s=start_s,
+        ttft_s=ttft_s,
+        itl_s=itl,
+        e2e_s=ttft_s + sum(itl),
+        num_output_tokens=num_output_tokens or len(itl) + 1,
+        num_input_tokens=num_input_tokens,
+        replica=replica,
+    )
 
 
 def failed(status=503, error="HTTP 503: busy", replica=""):
@@ -54,8 +74,12 @@ def test_summary_keeps_failures_out_of_latencies_and_totals():
 
 
 def test_goodput_counts_requests_meeting_every_slo():
-    results = [ok(ttft_s=0.1, itl_s=(0.01,) * 4), ok(ttft_s=0.6, itl_s=(0.01,) * 4),
-               ok(ttft_s=0.1, itl_s=(0.09,) * 4), failed()]
+    results = [
+        ok(ttft_s=0.1, itl_s=(0.01,) * 4),
+        ok(ttft_s=0.6, itl_s=(0.01,) * 4),
+        ok(ttft_s=0.1, itl_s=(0.09,) * 4),
+        failed(),
+    ]
     slos = parse_goodput(["ttft:500 tpot:50"])
     assert slos == {"ttft": 500.0, "tpot": 50.0}
     assert count_good(latencies(results), slos) == 1
@@ -63,9 +87,14 @@ def test_goodput_counts_requests_meeting_every_slo():
     assert count_good(latencies(results), {"e2el": 500}) == 2  # e2el 0.14, 0.64, 0.46 s
 
 
-@pytest.mark.parametrize("pairs, message", [
-    (["ttft=5"], "NAME:MS"), (["itl:5"], "one of ttft, tpot, e2el"), (["ttft:-1"], "non-negative"),
-])
+@pytest.mark.parametrize(
+    "pairs, message",
+    [
+        (["ttft=5"], "NAME:MS"),
+        (["itl:5"], "one of ttft, tpot, e2el"),
+        (["ttft:-1"], "non-negative"),
+    ],
+)
 def test_goodput_errors_name_the_flag(pairs, message):
     with pytest.raises(RayfleetError, match=message):
         parse_goodput(pairs)
@@ -80,8 +109,14 @@ def test_cost_per_million_output_tokens_from_an_hourly_price():
 
 
 def test_replicas_and_fallback_share_come_from_the_gateway_header():
-    results = [ok(replica="tiny-0"), ok(replica="tiny-0"), ok(replica="tiny-1"),
-               ok(replica="fallback:openai"), failed(replica="tiny-1"), ok()]
+    results = [
+        ok(replica="tiny-0"),
+        ok(replica="tiny-0"),
+        ok(replica="tiny-1"),
+        ok(replica="fallback:openai"),
+        failed(replica="tiny-1"),
+        ok(),
+    ]
     s = summarize(results, 1.0)
     assert s["replicas"] == {"tiny-0": 2, "tiny-1": 2, "fallback:openai": 1}
     assert s["fallback_share"] == pytest.approx(1 / 5)
@@ -89,13 +124,17 @@ def test_replicas_and_fallback_share_come_from_the_gateway_header():
 
 
 def test_throughput_timeline_and_concurrency_as_vllm_buckets_them():
-    results = [ok(start_s=0.0, ttft_s=0.5, itl_s=(0.2, 0.2, 0.2)),   # tokens at 0.5 0.7 0.9 1.1
-               ok(start_s=0.6, ttft_s=0.1, itl_s=(0.1,)),            # tokens at 0.7 0.8
-               ok(start_s=2.0, ttft_s=0.1, itl_s=())]                # token at 2.1
+    results = [
+        ok(start_s=0.0, ttft_s=0.5, itl_s=(0.2, 0.2, 0.2)),  # tokens at 0.5 0.7 0.9 1.1
+        ok(start_s=0.6, ttft_s=0.1, itl_s=(0.1,)),  # tokens at 0.7 0.8
+        ok(start_s=2.0, ttft_s=0.1, itl_s=()),
+    ]  # token at 2.1
     assert output_tokens_per_second(results) == [5, 1, 1]
     assert peak_in_flight(results) == 2
     # vLLM counts a request in every one-second bucket it touches: both touch second 0.
     assert max_requests_per_second_bucket(results) == 2
-    assert max_requests_per_second_bucket(results[:1] + [ok(start_s=0.95, ttft_s=0.01, itl_s=())]) == 2
+    assert (
+        max_requests_per_second_bucket(results[:1] + [ok(start_s=0.95, ttft_s=0.01, itl_s=())]) == 2
+    )
     summary = summarize(results, 3.0)
     assert summary["max_output_tokens_per_s"] == 5.0 and summary["max_in_flight_requests"] == 2

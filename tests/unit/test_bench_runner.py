@@ -33,21 +33,26 @@ def test_max_concurrency_caps_requests_in_flight():
 def test_request_rate_sets_the_duration():
     with SimulatorThread() as sim:
         output = run_load(Target(sim.url, model="sim"), PROMPTS, LoadShape(request_rate=60.0))
-    assert output.duration_s == pytest.approx(1.0, abs=0.15)
-    lags = [r.start_s - r.scheduled_s for r in output.results]
-    assert max(lags) < 0.1
+    # 60 requests at 60 req/s: the last is due at 1.0 s (all at once would take ~0.05 s).
+    assert 0.95 <= output.duration_s <= 1.5
+    lags = sorted(r.start_s - r.scheduled_s for r in output.results)
+    assert lags[len(lags) // 2] < 0.05
 
 
 def test_several_processes_split_the_schedule_and_merge_results():
     progress = []
     with SimulatorThread(SimulatorSpec(replica_names=("a", "b"))) as sim:
-        output = run_load(Target(sim.url, model="sim"), PROMPTS,
-                          LoadShape(request_rate=120.0, max_concurrency=8),
-                          num_processes=3, on_progress=progress.append)
+        output = run_load(
+            Target(sim.url, model="sim"),
+            PROMPTS,
+            LoadShape(request_rate=120.0, max_concurrency=8),
+            num_processes=3,
+            on_progress=progress.append,
+        )
     assert len(output.results) == 60 and all(r.ok for r in output.results)
     scheduled = [r.scheduled_s for r in output.results]
     assert scheduled == sorted(scheduled)
-    assert output.duration_s == pytest.approx(0.5, abs=0.2)
+    assert 0.45 <= output.duration_s <= 1.2  # the last request is due at 0.5 s
     assert progress[-1].num_done == 60 and progress[-1].num_output_tokens == 240
     assert {r.replica for r in output.results} == {"a", "b"}
 
@@ -74,18 +79,42 @@ with SimulatorThread(SimulatorSpec(token_delay_s=0.05)) as sim:
 
 @pytest.mark.parametrize("num_processes", [1, 2])
 def test_ctrl_c_stops_and_still_writes_results(tmp_path, num_processes):
-    server = subprocess.Popen([sys.executable, "-c", SERVE_SLOWLY], stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVE_SLOWLY], stdout=subprocess.PIPE, text=True
+    )
     try:
         url = server.stdout.readline().strip()
         data = tmp_path / "prompts.jsonl"
         data.write_text(json.dumps({"prompt": "hi", "max_tokens": 10}) + "\n")
         out = tmp_path / "result.json"
         bench = subprocess.Popen(
-            [sys.executable, "-m", "rayfleet.cli", "bench", "--base-url", url, "--model", "sim",
-             "--dataset-name", "jsonl", "--dataset-path", str(data), "--num-prompts", "1000",
-             "--request-rate", "20", "--num-processes", str(num_processes),
-             "--save-result", str(out)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "rayfleet.cli",
+                "bench",
+                "--base-url",
+                url,
+                "--model",
+                "sim",
+                "--dataset-name",
+                "jsonl",
+                "--dataset-path",
+                str(data),
+                "--num-prompts",
+                "1000",
+                "--request-rate",
+                "20",
+                "--num-processes",
+                str(num_processes),
+                "--save-result",
+                str(out),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         wait_for_requests(url, 30)  # 1.5 s at 20 req/s: the first ones have finished
         os.killpg(bench.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C
         stdout, stderr = bench.communicate(timeout=60)
