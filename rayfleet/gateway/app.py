@@ -420,6 +420,7 @@ class Gateway:
             await response.prepare(request)
 
             first_byte_at = None
+            last_chunk = b""
             broken = timed_out = False
             while True:
                 try:
@@ -437,18 +438,19 @@ class Gateway:
                     first_byte_at = time.perf_counter()
                     self.metrics.ttfb.labels(model, label).observe(first_byte_at - started)
                 await response.write(chunk)
+                last_chunk = chunk
 
             if timed_out:
                 error = self._timed_out(admission, timeout)
                 self.metrics.errors.labels(model, error.reason).inc()
                 if streaming:
-                    await response.write(sse_error_event(error.message, "timeout", 408))
+                    await response.write(_event_boundary(last_chunk)
+                                         + sse_error_event(error.message, "timeout", 408))
             elif broken:
                 self._replica_failed(replica, model, "stream_broken")
                 if streaming:
-                    await response.write(
-                        sse_error_event(f"{label} failed mid-stream; the response is incomplete")
-                    )
+                    await response.write(_event_boundary(last_chunk) + sse_error_event(
+                        f"{label} failed mid-stream; the response is incomplete"))
             else:
                 finished = True
                 if replica is not None:
@@ -488,6 +490,13 @@ class Gateway:
         self.metrics.errors.labels(model, reason).inc()
         if replica is not None and self.replica_set.failed(replica):
             self.metrics.cooldowns.labels(replica.model, replica.replica_id).inc()
+
+
+def _event_boundary(last_chunk: bytes) -> bytes:
+    """What ends an SSE event the upstream cut off mid-way, so that ours stands alone."""
+    if not last_chunk or last_chunk.endswith(b"\n\n"):
+        return b""
+    return b"\n" if last_chunk.endswith(b"\n") else b"\n\n"
 
 
 @web.middleware

@@ -110,6 +110,9 @@ def _load_encoder(source: str):
             from tokenizers import Tokenizer
 
             tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+            if hasattr(tokenizer, "encode_batch_fast"):  # no offsets: a third faster
+                fast = tokenizer.encode_batch_fast
+                return lambda text: len(fast([text], add_special_tokens=False)[0].ids)
             return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
         from transformers import AutoTokenizer
 
