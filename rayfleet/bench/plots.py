@@ -76,17 +76,25 @@ def plot_sweep(
     for ax, name in zip(axes, ("ttft", "tpot", "itl")):
         for stat, style in (("median", "o-"), ("p90", "s--"), ("p99", "^:")):
             ax.plot(loads, [step.get(f"{stat}_{name}_ms") for step in steps], style, label=stat)
-        ax.set_xlabel(variable)
+        _load_axis(ax, variable, loads)
         ax.set_ylabel(f"{name.upper()} (ms)")
         ax.set_title(f"{name.upper()} against load")
         ax.legend()
     latency_path = _save(fig, out_dir / f"{prefix}-sweep-latency.png")
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(loads, [step["output_throughput"] for step in steps], "o-", label="output tokens/s")
-    ax.set_xlabel(variable)
+    _load_axis(ax, variable, loads)
     ax.set_ylabel("output tokens/s")
     ax.set_title("Throughput against load")
     return [latency_path, _save(fig, out_dir / f"{prefix}-sweep-throughput.png")]
+
+
+def _load_axis(ax, variable: str, loads: Sequence[float]) -> None:
+    """Label the load axis; doubling loads (1, 2, 4, ...) read best on a log2 scale."""
+    ax.set_xlabel(variable)
+    if loads and min(loads) > 0 and max(loads) / min(loads) >= 8:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(loads, [f"{v:g}" for v in loads])
 
 
 def _save(fig, path: Path) -> Path:

@@ -4,7 +4,9 @@ The validation runs `rayfleet bench` and `vllm.benchmarks.serve` back to back ag
 the same server, same dataset shape and concurrency, in interleaved rounds (so that a
 burst of load from other processes on this shared machine hits both alike), and
 compares the median of each metric over the rounds: throughput and median TTFT/TPOT
-must agree within 10%.
+must agree within 10%. A round where the server merged tokens into chunks (its API
+process starved by other work on the machine) measured the machine, not the benchmarks,
+and is run again, a bounded number of times.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 NUM_ROUNDS = 3
+MAX_EXTRA_ROUNDS = 3
 NUM_PROMPTS = 150
 CONCURRENCY = 8
 INPUT_LEN = 64
@@ -116,16 +119,31 @@ def run_rayfleet_bench(url: str, tokenizer: Path, out: Path, seed: int, *extra: 
     return json.loads(out.read_text())
 
 
+def streamed_token_by_token(run: dict) -> bool:
+    """False when the server merged tokens into few chunks (its API process fell behind on
+    an overloaded machine): then no benchmark can measure per-token latency."""
+    return run["median_itl_ms"] > 0.1
+
+
 def compare_with_vllm(url: str, tokenizer: Path, out_dir: Path, num_rounds: int = NUM_ROUNDS):
-    """Interleaved rounds of both benchmarks; the per-metric medians of each."""
+    """Interleaved rounds of both benchmarks; the per-metric medians of each.
+
+    A round in which either run saw the server merge tokens is run again (at most
+    ``MAX_EXTRA_ROUNDS`` times): it measured the machine's load, not the benchmarks.
+    """
     ours, theirs = [], []
-    for round_index in range(num_rounds):
-        theirs.append(
-            run_vllm_bench(url, tokenizer, out_dir / f"vllm-{round_index}.json", round_index)
-        )
-        ours.append(
-            run_rayfleet_bench(url, tokenizer, out_dir / f"ours-{round_index}.json", round_index)
-        )
+    for attempt in range(num_rounds + MAX_EXTRA_ROUNDS):
+        if len(ours) == num_rounds:
+            break
+        theirs_run = run_vllm_bench(url, tokenizer, out_dir / f"vllm-{attempt}.json", attempt)
+        ours_run = run_rayfleet_bench(url, tokenizer, out_dir / f"ours-{attempt}.json", attempt)
+        if streamed_token_by_token(theirs_run) and streamed_token_by_token(ours_run):
+            theirs.append(theirs_run)
+            ours.append(ours_run)
+    assert len(ours) == num_rounds, (
+        f"only {len(ours)} of {num_rounds + MAX_EXTRA_ROUNDS} rounds streamed token by token: "
+        "the machine is too loaded to measure latency; run again when it is quieter"
+    )
     medians = {
         key: (statistics.median(r[key] for r in ours), statistics.median(r[key] for r in theirs))
         for key in COMPARED
