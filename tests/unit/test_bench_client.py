@@ -121,3 +121,13 @@ def test_events_split_across_reads_are_parsed_and_usage_wins():
     assert result.ok, result.error
     assert len(result.itl_s) == 2  # three chunks with a choice; the text "error" is no error
     assert result.num_output_tokens == 5 and result.num_input_tokens == 3
+
+
+def test_the_gateways_error_event_fails_the_request():
+    from rayfleet.bench.client import RequestResult, read_event
+    from rayfleet.gateway.errors import sse_error_event
+
+    result = RequestResult()
+    event_line = sse_error_event("replica tiny-0 went away").split(b"\n")[0]
+    read_event(event_line, result)
+    assert result.error == "stream error: replica tiny-0 went away"
