@@ -148,6 +148,10 @@ class FleetProcess:
         )
         self.engine_pids: set[int] = set()
         self.registry = None  # the handle keeps the registry actor alive
+        from rayfleet.gateway.policies import Policies
+
+        # Key files and provider keys are read now, so a missing one fails before Ray starts.
+        self.policies = Policies.from_fleet(config)
 
     def run(self) -> None:
         """Serve until SIGINT or SIGTERM; always clean up."""
@@ -160,7 +164,6 @@ class FleetProcess:
 
     async def _main(self) -> None:
         from rayfleet.gateway.app import Gateway, start_gateway
-        from rayfleet.gateway.policies import Policies
 
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
@@ -179,7 +182,7 @@ class FleetProcess:
                 connect_timeout_s=self.config.gateway.connect_timeout_s,
                 request_timeout_s=self.config.gateway.request_timeout_s,
                 status_extra=cluster_status,
-                policies=Policies.from_fleet(self.config),
+                policies=self.policies,
             )
             runner = await start_gateway(gateway, self.config.gateway.host, self.config.gateway.port)
             ready = asyncio.create_task(self._wait_until_ready(gateway))
