@@ -341,7 +341,10 @@ class ModelConfig(_Strict):
     """One model served by the fleet, as a group of identical replicas."""
 
     name: str = Field(min_length=1, description="Model name clients put in requests.")
-    source: str = Field(min_length=1, description="Local model directory or hub id.")
+    source: str = Field(
+        min_length=1,
+        description="Local model directory or hub id; '~' expands on the node that loads it.",
+    )
     engine_args: dict[str, Any] = Field(
         default_factory=dict,
         description="vLLM server arguments, passed unchanged (checked by vLLM's parser).",
@@ -358,11 +361,6 @@ class ModelConfig(_Strict):
     env: dict[str, str] = Field(
         default_factory=dict, description="Extra environment variables for the vLLM server."
     )
-
-    @field_validator("source")
-    @classmethod
-    def _expand_home(cls, source: str) -> str:
-        return str(Path(source).expanduser()) if source.startswith("~") else source
 
     @field_validator("engine_args")
     @classmethod

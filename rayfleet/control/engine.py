@@ -132,7 +132,8 @@ class EngineProcess:
         env: Mapping[str, str] | None = None,
         log_path: Path | None = None,
     ):
-        self.model = model
+        # '~' means the home of the node that runs the server.
+        self.model = os.path.expanduser(model)
         self.served_name = served_name
         self.engine_args = dict(engine_args or {})
         self.host = host
@@ -197,6 +198,7 @@ class EngineProcess:
                     f"before it was healthy; last lines of {self.log_path}:\n{self.log_tail()}"
                 )
             if self.healthy(timeout_s=2.0):
+                keep_scheduler_off_worker_cores(self.proc.pid)
                 return
             time.sleep(poll_s)
         raise EngineFailed(
@@ -225,6 +227,36 @@ class EngineProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def keep_scheduler_off_worker_cores(server_pid: int) -> list[int]:
+    """Move vLLM's engine-core (scheduler) process off the cores its CPU workers own.
+
+    The CPU build pins each worker to its cores, and a worker busy-polls its input
+    queue for a second after every step. A scheduler placed on the same core then
+    runs in the gaps, and streams come out in bursts (measured here: time to first
+    token equal to the whole generation at concurrency 1, at random from one start to
+    the next). vLLM leaves the other cores to its frontend processes; this puts the
+    engine core there too. A no-op for GPU builds, whose workers are not pinned.
+    Returns the cores the engine core may use ([] when nothing was changed).
+    """
+    import psutil
+
+    try:
+        server = psutil.Process(server_pid)
+        family = server.children(recursive=True)
+        workers = [p for p in family if p.name().startswith("VLLM::Worker")]
+        cores = [p for p in family if p.name().startswith("VLLM::EngineCor")]
+        worker_cpus = {cpu for w in workers for cpu in w.cpu_affinity()}
+        allowed = set(server.cpu_affinity())
+        free = sorted(allowed - worker_cpus)
+        if not workers or not cores or not free:
+            return []
+        for core in cores:
+            core.cpu_affinity(free)
+        return free
+    except (psutil.Error, OSError):
+        return []
 
 
 def kill_process_group(pgid: int, grace_s: float = 15.0) -> None:

@@ -104,7 +104,7 @@ class TokenCounter:
 
 
 def _load_encoder(source: str):
-    path = Path(source)
+    path = Path(source).expanduser()
     try:
         if (path / "tokenizer.json").is_file():
             from tokenizers import Tokenizer
@@ -116,7 +116,7 @@ def _load_encoder(source: str):
             return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(str(path) if path.exists() else source)
         return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
     except Exception as exc:  # an unreachable hub id must not stop the gateway
         log.warning("no tokenizer for %s (%s); estimating %d bytes per token",
@@ -131,7 +131,7 @@ def context_length(source: str, engine_args: dict[str, Any]) -> Optional[int]:
         return value
     if isinstance(value, str) and value.isdigit():
         return int(value)
-    config_path = Path(source) / "config.json"
+    config_path = Path(source).expanduser() / "config.json"
     if value is None and config_path.is_file():
         try:
             config = json.loads(config_path.read_text())

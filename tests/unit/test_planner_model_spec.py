@@ -49,9 +49,13 @@ def test_parameter_count_matches_published_size(name):
 
 def test_tiny_model_count_is_exact(tiny_model):
     spec = load_model_spec(str(tiny_model))
-    # embeddings 438x128 twice (untied) + 2 layers x (attention 49,152 + MLP 98,304 + norms 256)
-    # + the final norm
-    assert count_params(spec).total == 2 * 438 * 128 + 2 * (49_152 + 98_304 + 256) + 128
+    vocab = json.loads((tiny_model / "config.json").read_text())["vocab_size"]
+    # embeddings vocab x 128 twice (untied) + 2 layers x (attention 49,152 + MLP 98,304 +
+    # norms 256) + the final norm; the weights file holds exactly that many float32 values
+    expected = 2 * vocab * 128 + 2 * (49_152 + 98_304 + 256) + 128
+    assert count_params(spec).total == expected
+    checkpoint_bytes = (tiny_model / "model.safetensors").stat().st_size
+    assert expected * 4 == pytest.approx(checkpoint_bytes, rel=0.01)
 
 
 def test_demo_model_count_matches_its_checkpoint(demo_model):
