@@ -24,7 +24,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
 from rayfleet._home import rayfleet_home
 from rayfleet.config import FleetConfig
