@@ -253,7 +253,8 @@ def keep_scheduler_off_worker_cores(server_pid: int) -> list[int]:
         if not workers or not cores or not free:
             return []
         for core in cores:
-            core.cpu_affinity(free)
+            for thread in core.threads():  # its I/O threads too, not only the main one
+                os.sched_setaffinity(thread.id, free)
         return free
     except (psutil.Error, OSError):
         return []
