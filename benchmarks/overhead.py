@@ -18,6 +18,11 @@ Rounds alternate the targets that are up at the same time, so slow drift of the
 machine hits them alike; each cell is the median over rounds. Prints a table with
 the ratio of each target to vllm-direct and writes results/overhead.json.
 Traffic goes only to 127.0.0.1.
+
+SESSIONS: every server here runs in this script's session (its own process group, so it
+can be stopped as one), as the client does. Linux shares CPU between sessions first,
+and vLLM's busy-polling engine processes in a session of their own starve the others
+on a small machine (see rayfleet/control/engine.py); all targets get the same footing.
 """
 
 from __future__ import annotations
@@ -153,7 +158,7 @@ def policy_gateway(replica_url: str, model: Path):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-c", POLICY_GATEWAY_APP, replica_url, str(port), str(model), POLICY_KEY],
-        start_new_session=True, cwd=ROOT,
+        process_group=0, cwd=ROOT,
     )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", timeout_s=120)
@@ -175,19 +180,39 @@ def run_fleet(model: Path, tokenizer: Path, rounds: int, results: dict) -> None:
     }))
     env = {**os.environ, "RAYFLEET_HOME": str(home)}
     cli = [sys.executable, "-m", "rayfleet.cli"]
-    print("rayfleet: rayfleet up --detach (one replica)", flush=True)
-    subprocess.run([*cli, "up", "-c", str(config), "--detach"], env=env, check=True)
+    print("rayfleet: rayfleet up (one replica)", flush=True)
+    # In this process's session, like the direct server and the client (see SESSIONS).
+    fleet = subprocess.Popen(
+        [*cli, "up", "-c", str(config)], env=env, process_group=0,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
     try:
-        status = json.loads(subprocess.run(
-            [*cli, "status", "--json"], env=env, check=True, capture_output=True, text=True
-        ).stdout)
+        status = wait_fleet_ready(cli, env, fleet, timeout_s=600)
         replica_url = status["replicas"][0]["url"]
         gateway = f"http://127.0.0.1:{port}"
         with policy_gateway(replica_url, model) as policies:
             measure({"fleet-replica": replica_url, "rayfleet": gateway,
                      "rayfleet+policies": policies}, tokenizer, rounds, results)
     finally:
-        subprocess.run([*cli, "down"], env=env, check=False)
+        fleet.send_signal(signal.SIGINT)  # what Ctrl-C does: the fleet stops cleanly
+        try:
+            fleet.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            subprocess.run([*cli, "down"], env=env, check=False)
+
+
+def wait_fleet_ready(cli: list[str], env: dict, fleet: subprocess.Popen, timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if fleet.poll() is not None:
+            raise SystemExit(f"rayfleet up exited with code {fleet.returncode}")
+        done = subprocess.run([*cli, "status", "--json"], env=env, capture_output=True, text=True)
+        if done.returncode == 0:
+            status = json.loads(done.stdout)
+            if status.get("phase") == "ready" and status.get("replicas"):
+                return status
+        time.sleep(2)
+    raise SystemExit(f"the fleet was not ready after {timeout_s:.0f}s")
 
 
 RAY_SERVE_LLM_APP = """
@@ -217,7 +242,7 @@ def run_ray_serve_llm(model: Path, tokenizer: Path, rounds: int, results: dict) 
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-c", RAY_SERVE_LLM_APP, str(model), str(port)],
-        env=env, start_new_session=True,
+        env=env, process_group=0,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
