@@ -14,8 +14,10 @@ model. Targets, each measured in the same run:
                    an API key with rate, token and concurrency quotas
   ray-serve-llm    Ray Serve LLM (ray.serve.llm.build_openai_app), default settings
 
-Rounds alternate the targets that are up at the same time, so slow drift of the
-machine hits them alike; each cell is the median over rounds. Prints a table with
+The direct server and the fleet are up together and every round runs each of their
+targets in turn (after a pause that lets the previous server's pollers go quiet), so
+slow drift of the machine hits them alike; each cell is the median over rounds. Ray
+Serve LLM runs after them, in a Ray of its own. Prints a table with
 the ratio of each target to vllm-direct and writes results/overhead.json.
 Traffic goes only to 127.0.0.1.
 
@@ -94,6 +96,7 @@ def measure(targets: dict[str, str], tokenizer: Path, rounds: int, results: dict
         for r in range(rounds):
             for name, url in targets.items():
                 print(f"  round {r + 1}/{rounds}  concurrency {c:>2}  {name}", flush=True)
+                time.sleep(SETTLE_S)
                 run = vllm_bench(url, tokenizer, c, num_prompts_for(c),
                                  **TARGET_OPTIONS.get(name, {}))
                 results.setdefault(name, {}).setdefault(str(c), []).append(
@@ -112,11 +115,17 @@ def wait_http(url: str, timeout_s: float) -> None:
     raise TimeoutError(f"{url} did not answer within {timeout_s:.0f}s")
 
 
-def run_direct(model: Path, tokenizer: Path, rounds: int, results: dict) -> None:
+# vLLM's engine processes busy-poll for a second after their last step; a run starts
+# once the previous target's server has gone quiet.
+SETTLE_S = 1.5
+
+
+@contextlib.contextmanager
+def direct_server(model: Path):
     print("vllm-direct: starting a vLLM server by hand", flush=True)
     with EngineProcess(str(model), "tiny", ENGINE_ARGS) as engine:
         engine.wait_healthy()
-        measure({"vllm-direct": engine.url}, tokenizer, rounds, results)
+        yield engine.url
 
 
 POLICY_KEY = "sk-overhead-bench"
@@ -168,7 +177,9 @@ def policy_gateway(replica_url: str, model: Path):
         proc.wait(timeout=30)
 
 
-def run_fleet(model: Path, tokenizer: Path, rounds: int, results: dict) -> None:
+@contextlib.contextmanager
+def fleet_targets(model: Path):
+    """A one-replica fleet: its replica's own URL, its gateway, and a policy gateway."""
     import yaml
 
     home = Path(tempfile.mkdtemp(prefix="rayfleet-bench-"))
@@ -189,10 +200,9 @@ def run_fleet(model: Path, tokenizer: Path, rounds: int, results: dict) -> None:
     try:
         status = wait_fleet_ready(cli, env, fleet, timeout_s=600)
         replica_url = status["replicas"][0]["url"]
-        gateway = f"http://127.0.0.1:{port}"
         with policy_gateway(replica_url, model) as policies:
-            measure({"fleet-replica": replica_url, "rayfleet": gateway,
-                     "rayfleet+policies": policies}, tokenizer, rounds, results)
+            yield {"fleet-replica": replica_url, "rayfleet": f"http://127.0.0.1:{port}",
+                   "rayfleet+policies": policies}
     finally:
         fleet.send_signal(signal.SIGINT)  # what Ctrl-C does: the fleet stops cleanly
         try:
@@ -292,8 +302,10 @@ def main() -> None:
 
     model = make_tiny()
     results: dict = {}
-    run_direct(model, model, args.rounds, results)
-    run_fleet(model, model, args.rounds, results)
+    # Direct and fleet targets are up together and measured in alternation, so drift of
+    # this shared machine hits them alike.
+    with direct_server(model) as direct, fleet_targets(model) as fleet:
+        measure({"vllm-direct": direct, **fleet}, model, args.rounds, results)
     if not args.skip_ray_serve_llm:
         run_ray_serve_llm(model, model, args.rounds, results)
     rows = summarize(results)

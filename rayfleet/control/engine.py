@@ -21,10 +21,10 @@ default) shares the CPU between sessions first and between the processes of a se
 second, and vLLM's engine-core and worker processes busy-poll with ``sched_yield``
 while they wait for each other. In a session of its own the server's pollers starved
 every other session's processes: on a 2-core machine, streams of a fixed-concurrency
-benchmark arrived in one burst about a second late in 2 of 3 runs (a client-side TTFT
-of 1.0 s against a server-side one under 0.1 s), and kernel threads waited up to 1.9 s
-for a core. In the session of the replica or test that started it, the yields reach
-the gateway and the client, and the stalls were gone (0 in 16 runs).
+benchmark arrived in one burst about a second late in 18 of 25 runs (a client-side
+TTFT of 1.0 s against a server-side one under 0.1 s), and kernel threads waited up to
+1.9 s for a core. In the session of the replica or test that started it, the yields
+reach the gateway and the client, and the stalls were gone (0 of 16 runs).
 
 ``engine_argv`` turns fleet.yaml ``engine_args`` into vLLM's command line:
 ``{"max_model_len": 512, "enforce_eager": True}`` becomes

@@ -152,10 +152,11 @@ def compare_with_vllm(url: str, tokenizer: Path, out_dir: Path, num_rounds: int 
 
 
 @pytest.mark.xfail(
-    reason="known bench bug: at fixed concurrency with equal-length requests, rayfleet bench's "
-    "requests fall into lock-step waves, and every wave after the first seconds waits ~1 s for "
-    "its first token on the vLLM CPU server (vLLM's benchmark does not fall into waves); "
-    "throughput reads 18-36% low while median TTFT/TPOT agree. Tracked in the bench issue.",
+    reason="not decidable on a 2-core machine: the server shares its core with both clients, and "
+    "vLLM's own benchmark against itself, back to back, differs by -18% to +40% in throughput per "
+    "round at this concurrency; rayfleet bench, lighter on the CPU, measured the server 8-25% "
+    "faster (median TTFT 15-45% lower). The lock-step stalls that made it read 18-36% slow are "
+    "fixed (vLLM servers now share their parent's session). See docs/bench.md.",
     strict=False,
 )
 def test_bench_agrees_with_vllm_benchmark_within_10_percent(vllm_tiny, tiny_model, tmp_path):
@@ -166,6 +167,7 @@ def test_bench_agrees_with_vllm_benchmark_within_10_percent(vllm_tiny, tiny_mode
     report = {
         key: f"ours {a:.3f} vs vLLM {b:.3f} ({a / b - 1:+.1%})" for key, (a, b) in medians.items()
     }
+    print("bench vs vLLM's benchmark, medians over rounds:", report)
     for key, (mine, vllm) in medians.items():
         assert abs(mine / vllm - 1) <= TOLERANCE, report
 
