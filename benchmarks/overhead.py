@@ -104,6 +104,52 @@ def measure(targets: dict[str, str], tokenizer: Path, rounds: int, results: dict
                 )
 
 
+def paired_ttft(targets: dict[str, str], tokenizer: Path, num_rounds: int) -> dict:
+    """TTFT of single requests sent to each target in turn, one at a time (concurrency 1).
+
+    Each round sends one request to every target, in an order that rotates from round to
+    round, so a target's requests sit between the others' in time and slow drift of the
+    machine cancels out of the per-round differences. Returns each target's median TTFT
+    and the median of its per-round difference from the first target, in ms.
+    """
+    import asyncio
+
+    from rayfleet.bench.client import Target, open_session, request_headers, send_request
+    from rayfleet.bench.datasets import DatasetSpec, load_tokenizer, make_prompts
+
+    prompts = make_prompts(
+        DatasetSpec(num_prompts=num_rounds, random_input_len=64, random_output_len=64),
+        load_tokenizer(str(tokenizer)),
+    )
+    clients = {}
+    for name, url in targets.items():
+        options = TARGET_OPTIONS.get(name, {})
+        headers = {"Authorization": f"Bearer {options['api_key']}"} if "api_key" in options else {}
+        clients[name] = Target(url, model=options.get("model", "tiny"), ignore_eos=True,
+                               headers=headers)
+    names = list(targets)
+
+    async def run() -> dict[str, list[float]]:
+        ttft: dict[str, list[float]] = {name: [] for name in names}
+        async with open_session(len(names)) as session:
+            for index, prompt in enumerate(prompts):
+                shift = index % len(names)
+                for name in names[shift:] + names[:shift]:
+                    target = clients[name]
+                    result = await send_request(session, target, prompt, request_headers(target))
+                    if not result.ok:
+                        raise SystemExit(f"{name}: {result.error}")
+                    ttft[name].append(result.ttft_s * 1000)
+        return ttft
+
+    return asyncio.run(run())
+
+
+def paired_p50(ttft: dict[str, list[float]], name: str, base: str) -> float:
+    """Median over rounds of ``name``'s TTFT minus ``base``'s in the same round, in ms."""
+    return statistics.median(a - b for a, b in zip(ttft[name], ttft[base]))
+
+
 def wait_http(url: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -280,6 +326,25 @@ def summarize(results: dict) -> list[dict]:
     return rows
 
 
+def round_by_round(results: dict) -> list[str]:
+    """Paired numbers per round: each target against the run just before it in that round."""
+    def per_round(name: str, base: str, c: str, key: str, ratio: bool) -> str:
+        pairs = zip(results[name][c], results[base][c])
+        values = [a[key] / b[key] if ratio else a[key] - b[key] for a, b in pairs]
+        return ", ".join(f"{v:.2f}" if ratio else f"{v:+.1f} ms" for v in values)
+
+    lines = []
+    if "rayfleet" in results:
+        lines.append("rayfleet vs vllm-direct, TTFT p50 at c=1 per round: "
+                     + per_round("rayfleet", "vllm-direct", "1", "TTFT p50 ms", False))
+        lines.append("rayfleet vs vllm-direct, output throughput at c=32 per round: "
+                     + per_round("rayfleet", "vllm-direct", "32", "out tok/s", True))
+    if "rayfleet+policies" in results:
+        lines.append("rayfleet+policies vs rayfleet, TTFT p50 at c=1 per round: "
+                     + per_round("rayfleet+policies", "rayfleet", "1", "TTFT p50 ms", False))
+    return lines
+
+
 def print_table(rows: list[dict]) -> None:
     header = ["target", "c", *METRICS, "TTFT p50 vs direct", "throughput vs direct"]
     print("\n| " + " | ".join(header) + " |")
@@ -297,6 +362,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2, help="measurement rounds per target")
     parser.add_argument("--skip-ray-serve-llm", action="store_true", help="leave out the peer")
+    parser.add_argument("--paired-rounds", type=int, default=300,
+                        help="rounds of the paired single-request TTFT measurement")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "overhead.json")
     args = parser.parse_args()
 
@@ -306,17 +373,28 @@ def main() -> None:
     # this shared machine hits them alike.
     with direct_server(model) as direct, fleet_targets(model) as fleet:
         measure({"vllm-direct": direct, **fleet}, model, args.rounds, results)
+        print("paired single requests: fleet-replica, rayfleet, rayfleet+policies", flush=True)
+        time.sleep(SETTLE_S)
+        paired = paired_ttft(fleet, model, args.paired_rounds)
     if not args.skip_ray_serve_llm:
         run_ray_serve_llm(model, model, args.rounds, results)
     rows = summarize(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"rows": rows, "runs": results}, indent=2))
+    args.out.write_text(json.dumps({"rows": rows, "runs": results, "paired": paired}, indent=2))
     print_table(rows)
     ttft = {(r["target"], r["concurrency"]): r["TTFT p50 ms"] for r in rows}
     if ("rayfleet+policies", 1) in ttft:
         extra = ttft[("rayfleet+policies", 1)] - ttft[("rayfleet", 1)]
         print(f"\npolicies (rules, limits, one API key) add {extra:+.2f} ms TTFT p50 at "
               "concurrency 1 over the plain gateway")
+    print("\n" + "\n".join(round_by_round(results)))
+    print(f"\npaired single requests at concurrency 1 ({args.paired_rounds} rounds), TTFT p50:")
+    for name, values in paired.items():
+        print(f"  {name:<18} {statistics.median(values):.2f} ms")
+    print(f"  the gateway over its replica called directly: "
+          f"{paired_p50(paired, 'rayfleet', 'fleet-replica'):+.2f} ms (median of per-round differences)")
+    print(f"  policies over the plain gateway: "
+          f"{paired_p50(paired, 'rayfleet+policies', 'rayfleet'):+.2f} ms (median of per-round differences)")
     print(f"\nwrote {args.out}")
 
 
