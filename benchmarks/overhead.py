@@ -109,8 +109,8 @@ def paired_ttft(targets: dict[str, str], tokenizer: Path, num_rounds: int) -> di
 
     Each round sends one request to every target, in an order that rotates from round to
     round, so a target's requests sit between the others' in time and slow drift of the
-    machine cancels out of the per-round differences. Returns each target's median TTFT
-    and the median of its per-round difference from the first target, in ms.
+    machine cancels out of the per-round differences. Returns every TTFT, in ms, by target
+    (``paired_p50`` turns two of them into the median per-round difference).
     """
     import asyncio
 
@@ -125,8 +125,9 @@ def paired_ttft(targets: dict[str, str], tokenizer: Path, num_rounds: int) -> di
     for name, url in targets.items():
         options = TARGET_OPTIONS.get(name, {})
         headers = {"Authorization": f"Bearer {options['api_key']}"} if "api_key" in options else {}
-        clients[name] = Target(url, model=options.get("model", "tiny"), ignore_eos=True,
-                               headers=headers)
+        target = Target(url, model=options.get("model", "tiny"), ignore_eos=True,
+                        headers=headers)
+        clients[name] = (target, request_headers(target))
     names = list(targets)
 
     async def run() -> dict[str, list[float]]:
@@ -135,8 +136,8 @@ def paired_ttft(targets: dict[str, str], tokenizer: Path, num_rounds: int) -> di
             for index, prompt in enumerate(prompts):
                 shift = index % len(names)
                 for name in names[shift:] + names[:shift]:
-                    target = clients[name]
-                    result = await send_request(session, target, prompt, request_headers(target))
+                    target, headers = clients[name]
+                    result = await send_request(session, target, prompt, headers)
                     if not result.ok:
                         raise SystemExit(f"{name}: {result.error}")
                     ttft[name].append(result.ttft_s * 1000)

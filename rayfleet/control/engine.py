@@ -239,6 +239,17 @@ class EngineProcess:
         self.stop()
 
 
+def vllm_processes(server_pid: int):
+    """The CPU workers and the engine-core processes under vLLM's server ``server_pid``,
+    as two lists of ``psutil.Process`` (told apart by the names vLLM gives them)."""
+    import psutil
+
+    family = psutil.Process(server_pid).children(recursive=True)
+    workers = [p for p in family if p.name().startswith("VLLM::Worker")]
+    cores = [p for p in family if p.name().startswith("VLLM::EngineCor")]
+    return workers, cores
+
+
 def keep_scheduler_off_worker_cores(server_pid: int) -> list[int]:
     """Move vLLM's engine-core (scheduler) process off the cores its CPU workers own.
 
@@ -254,9 +265,7 @@ def keep_scheduler_off_worker_cores(server_pid: int) -> list[int]:
 
     try:
         server = psutil.Process(server_pid)
-        family = server.children(recursive=True)
-        workers = [p for p in family if p.name().startswith("VLLM::Worker")]
-        cores = [p for p in family if p.name().startswith("VLLM::EngineCor")]
+        workers, cores = vllm_processes(server_pid)
         worker_cpus = {cpu for w in workers for cpu in w.cpu_affinity()}
         allowed = set(server.cpu_affinity())
         free = sorted(allowed - worker_cpus)

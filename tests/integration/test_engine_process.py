@@ -12,6 +12,8 @@ import os
 import psutil
 import pytest
 
+from rayfleet.control.engine import vllm_processes
+
 pytestmark = pytest.mark.integration
 
 
@@ -24,10 +26,8 @@ def test_server_runs_in_the_callers_session_in_its_own_process_group(vllm_tiny):
 
 
 def test_engine_core_threads_stay_off_the_workers_cores(vllm_tiny):
-    family = psutil.Process(vllm_tiny.pid).children(recursive=True)
-    workers = [p for p in family if p.name().startswith("VLLM::Worker")]
-    cores = [p for p in family if p.name().startswith("VLLM::EngineCor")]
-    assert workers and cores, [p.name() for p in family]
+    workers, cores = vllm_processes(vllm_tiny.pid)
+    assert workers and cores, [p.name() for p in psutil.Process(vllm_tiny.pid).children()]
     worker_cpus = {cpu for w in workers for cpu in w.cpu_affinity()}
     if set(psutil.Process(vllm_tiny.pid).cpu_affinity()) <= worker_cpus:
         pytest.fail("the worker owns every core this machine gives the server; nothing to test")
