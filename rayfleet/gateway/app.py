@@ -51,6 +51,7 @@ from rayfleet.gateway.errors import (
 )
 from rayfleet.gateway.metrics import GatewayMetrics
 from rayfleet.gateway.policies import Policies
+from rayfleet.gateway.relay import RelayPool, UpstreamConnectError
 from rayfleet.gateway.replicas import Replica, ReplicaSet
 from rayfleet.gateway.validate import INPUT_FIELDS, parse_request
 
@@ -96,6 +97,7 @@ class Gateway:
             total=request_timeout_s, sock_connect=connect_timeout_s
         )
         self._session: Optional[aiohttp.ClientSession] = None
+        self._relay_pool = RelayPool(connect_timeout_s)
         self._poller: Optional[asyncio.Task] = None
 
     # -- application -----------------------------------------------------------------
@@ -132,6 +134,7 @@ class Gateway:
                 await self._poller
         if self._session:
             await self._session.close()
+        self._relay_pool.close()
 
     async def refresh(self) -> None:
         """Pull replica membership from the source once."""
@@ -300,9 +303,15 @@ class Gateway:
             if tried:
                 metrics.retries.labels(model).inc()
             tried.append(replica.replica_id)
-            result = await self._forward(request, replica.url + path, replica.replica_id, model,
-                                         body, headers, started, replica=replica, extra=extra,
-                                         timeout=upstream_timeout, admission=admission)
+            if RelayPool.handles(replica.url):
+                result = await self._relay(request, replica, path, model, body, headers, started,
+                                           extra=extra, timeout=upstream_timeout,
+                                           admission=admission)
+            else:
+                result = await self._forward(request, replica.url + path, replica.replica_id,
+                                             model, body, headers, started, replica=replica,
+                                             extra=extra, timeout=upstream_timeout,
+                                             admission=admission)
             if result is not _RETRY:
                 return result
             reason = "failure"
@@ -472,6 +481,87 @@ class Gateway:
                     upstream.release()
                 else:
                     upstream.close()
+
+    async def _relay(self, request, replica: Replica, path: str, model: str, raw: bytes,
+                     headers: dict, started: float, *, extra: dict, timeout, admission):
+        """``_forward`` for a replica over plain HTTP, through the relay (see relay.py)."""
+        label = replica.replica_id
+        metrics = self.metrics
+        inflight = metrics.inflight.labels(model, label)
+        self.replica_set.begin(replica)
+        inflight.inc()
+        up = None
+        finished = False
+        limits = timeout or self.timeout
+        try:
+            try:
+                up = await self._relay_pool.request(replica.url, path, raw, headers,
+                                                    total_s=limits.total, idle_s=limits.sock_read)
+            except asyncio.TimeoutError:
+                return self._refuse(self._timed_out(admission, timeout), model)
+            except UpstreamConnectError as exc:
+                log.warning("%s unreachable: %s", label, exc)
+                self._replica_failed(replica, model, "upstream_connect")
+                return _RETRY
+            if up.status >= 500:
+                log.warning("%s answered %s", label, up.status)
+                self._replica_failed(replica, model, "upstream_status")
+                return _RETRY
+
+            response = web.StreamResponse(status=up.status)
+            response.content_type = up.content_type
+            if up.charset:
+                response.charset = up.charset
+            response.headers[REPLICA_HEADER] = label
+            if extra:
+                response.headers.update(extra)
+            if up.chunked:
+                await response.prepare(request)
+                outcome = await up.stream_to(response, request)
+            else:
+                body, outcome = await up.body()
+                if outcome == "done":
+                    response.content_length = len(body)
+                    await response.prepare(request)
+                    await response.write(body)
+            if up.first_at:
+                metrics.ttfb.labels(model, label).observe(up.first_at - started)
+            if outcome == "client_gone":
+                raise ConnectionResetError("the client went away")
+            if outcome == "done":
+                finished = True
+                self.replica_set.succeeded(replica)
+            elif not up.chunked:  # nothing was sent yet: answer with an error of our own
+                if outcome == "timeout":
+                    return self._refuse(self._timed_out(admission, timeout), model)
+                self._replica_failed(replica, model, "stream_broken")
+                return self._refuse(RequestError(
+                    502, f"{label} failed while responding; retry the request.",
+                    code="upstream_failed", reason="upstream_failed"), model)
+            elif outcome == "timeout":
+                error = self._timed_out(admission, timeout)
+                metrics.errors.labels(model, error.reason).inc()
+                await response.write(_event_boundary(up.last_piece)
+                                     + sse_error_event(error.message, "timeout", 408))
+            else:
+                self._replica_failed(replica, model, "stream_broken")
+                await response.write(_event_boundary(up.last_piece) + sse_error_event(
+                    f"{label} failed mid-stream; the response is incomplete"))
+            await response.write_eof()
+            metrics.latency.labels(model, label).observe(time.perf_counter() - started)
+            metrics.requests.labels(model, label, str(up.status)).inc()
+            return response
+        except (asyncio.CancelledError, ConnectionResetError):
+            metrics.errors.labels(model, "client_disconnect").inc()
+            raise
+        finally:
+            self.replica_set.end(replica)
+            inflight.dec()
+            if up is not None:
+                if finished:
+                    self._relay_pool.release(up)
+                else:
+                    up.close()
 
     @staticmethod
     def _timed_out(admission, timeout) -> RequestError:
