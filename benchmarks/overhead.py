@@ -314,15 +314,25 @@ def run_ray_serve_llm(model: Path, tokenizer: Path, rounds: int, results: dict) 
 
 
 def summarize(results: dict) -> list[dict]:
+    """Medians over rounds; the comparisons with direct are medians of per-round figures.
+
+    A target's run in round i is compared with vllm-direct's run in round i (for the
+    fleet's targets, the run just before it), so that drift of the shared machine from
+    round to round stays out of the ratio.
+    """
     rows = []
     for c in ("1", "32"):
-        base = {k: statistics.median(r[k] for r in results["vllm-direct"][c]) for k in METRICS}
+        direct = results["vllm-direct"][c]
         for name, by_c in results.items():
-            cell = {k: statistics.median(r[k] for r in by_c[c]) for k in METRICS}
+            runs = by_c[c]
+            cell = {k: statistics.median(r[k] for r in runs) for k in METRICS}
+            pairs = list(zip(runs, direct))
             rows.append({
                 "target": name, "concurrency": int(c), **cell,
-                "TTFT p50 vs direct ms": cell["TTFT p50 ms"] - base["TTFT p50 ms"],
-                "out tok/s vs direct": cell["out tok/s"] / base["out tok/s"],
+                "TTFT p50 vs direct ms": statistics.median(
+                    a["TTFT p50 ms"] - b["TTFT p50 ms"] for a, b in pairs),
+                "out tok/s vs direct": statistics.median(
+                    a["out tok/s"] / b["out tok/s"] for a, b in pairs),
             })
     return rows
 
@@ -383,11 +393,6 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"rows": rows, "runs": results, "paired": paired}, indent=2))
     print_table(rows)
-    ttft = {(r["target"], r["concurrency"]): r["TTFT p50 ms"] for r in rows}
-    if ("rayfleet+policies", 1) in ttft:
-        extra = ttft[("rayfleet+policies", 1)] - ttft[("rayfleet", 1)]
-        print(f"\npolicies (rules, limits, one API key) add {extra:+.2f} ms TTFT p50 at "
-              "concurrency 1 over the plain gateway")
     print("\n" + "\n".join(round_by_round(results)))
     print(f"\npaired single requests at concurrency 1 ({args.paired_rounds} rounds), TTFT p50:")
     for name, values in paired.items():

@@ -516,6 +516,8 @@ class Gateway:
             if extra:
                 response.headers.update(extra)
             if up.chunked:
+                if request.version >= aiohttp.HttpVersion11:
+                    response.enable_chunked_encoding()  # the relay frames the chunks itself
                 await response.prepare(request)
                 outcome = await up.stream_to(response, request)
             else:

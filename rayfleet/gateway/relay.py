@@ -147,7 +147,11 @@ class Upstream(asyncio.Protocol):
         return b"".join(self._pieces), outcome
 
     async def stream_to(self, response: web.StreamResponse, request: web.Request) -> str:
-        """Relay the body as it arrives; ``response`` must be prepared and chunked."""
+        """Relay the body as it arrives to ``response``, prepared; returns the outcome.
+
+        The pieces are framed as HTTP/1.1 chunks when the response has chunked encoding
+        enabled (``enable_chunked_encoding``, before ``prepare``), and written as they are
+        otherwise (for an HTTP/1.0 client, whose response ends when the connection closes)."""
         if not self._pieces and not self._done.done():
             self._first = asyncio.get_running_loop().create_future()
             await asyncio.wait({self._first, self._done}, return_when=asyncio.FIRST_COMPLETED)
@@ -160,9 +164,14 @@ class Upstream(asyncio.Protocol):
         if transport is None or transport.is_closing():
             self.close()
             return "client_gone"
-        write = transport.write
+        raw = transport.write
+        if response.chunked:
+            def write(piece: bytes) -> None:
+                raw(b"%x\r\n%b\r\n" % (len(piece), piece))
+        else:
+            write = raw
         for piece in self._pieces:  # what came while the first write waited
-            write(b"%x\r\n%b\r\n" % (len(piece), piece))
+            write(piece)
         self._pieces.clear()
         if self._done.done():
             return self._done.result()
@@ -172,7 +181,7 @@ class Upstream(asyncio.Protocol):
                 self._settle("client_gone")
                 self.close()
                 return
-            write(b"%x\r\n%b\r\n" % (len(piece), piece))
+            write(piece)
             if not self._paused and transport.get_write_buffer_size() > HIGH_WATER:
                 self._pause(transport)
 

@@ -210,3 +210,19 @@ def test_pool_reports_refused_and_stalled_upstreams():
             await runner.cleanup()
 
     asyncio.run(main())
+
+
+def test_http_1_0_client_gets_the_stream_unframed():
+    async def scenario(upstream, gateway, client, url):
+        host, port = url.split("/")[2].split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        body = json.dumps(BODY).encode()
+        writer.write(b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+        answer = await asyncio.wait_for(reader.read(), 10)  # to the close: no framing
+        writer.close()
+        return answer
+
+    head, _, text = run(scenario).decode().partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.0 200") and "transfer-encoding" not in head.lower()
+    assert events(text) == [f'data: {{"i": {i}}}' for i in range(5)] + ["data: [DONE]"]
