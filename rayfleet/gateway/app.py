@@ -78,6 +78,7 @@ class Gateway:
         cooldown_s: Optional[float] = None,
         status_extra: Optional[StatusExtra] = None,
         policies: Optional[Policies] = None,
+        relay: bool = True,
     ):
         self.policies = policies if policies is not None else Policies.plain(models)
         self.replica_set = ReplicaSet(
@@ -97,7 +98,8 @@ class Gateway:
             total=request_timeout_s, sock_connect=connect_timeout_s
         )
         self._session: Optional[aiohttp.ClientSession] = None
-        self._relay_pool = RelayPool(connect_timeout_s)
+        # Replica responses through relay.py (False: through aiohttp's client, as providers).
+        self._relay_pool = RelayPool(connect_timeout_s) if relay else None
         self._poller: Optional[asyncio.Task] = None
 
     # -- application -----------------------------------------------------------------
@@ -134,7 +136,8 @@ class Gateway:
                 await self._poller
         if self._session:
             await self._session.close()
-        self._relay_pool.close()
+        if self._relay_pool is not None:
+            self._relay_pool.close()
 
     async def refresh(self) -> None:
         """Pull replica membership from the source once."""
@@ -303,7 +306,7 @@ class Gateway:
             if tried:
                 metrics.retries.labels(model).inc()
             tried.append(replica.replica_id)
-            if RelayPool.handles(replica.url):
+            if self._relay_pool is not None and RelayPool.handles(replica.url):
                 result = await self._relay(request, replica, path, model, body, headers, started,
                                            extra=extra, timeout=upstream_timeout,
                                            admission=admission)
