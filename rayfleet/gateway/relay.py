@@ -60,7 +60,6 @@ class Upstream(asyncio.Protocol):
         self.status = 0
         self.content_type = "application/json"
         self.charset: Optional[str] = None
-        self.content_length: Optional[int] = None
         self.chunked = False
         self.last_piece = b""
         self.first_at = 0.0  # time.perf_counter() of the first piece of body
@@ -105,8 +104,6 @@ class Upstream(asyncio.Protocol):
                 key, _, val = param.strip().partition("=")
                 if key.lower() == "charset" and val:
                     self.charset = val.strip('"')
-        elif name == b"content-length":
-            self.content_length = int(value)
         elif name == b"transfer-encoding" and b"chunked" in value.lower():
             self.chunked = True
 
