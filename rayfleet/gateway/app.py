@@ -414,18 +414,11 @@ class Gateway:
                 log.warning("%s unreachable: %r", label, exc)
                 self._replica_failed(replica, model, "upstream_connect")
                 return _RETRY
-            if upstream.status >= 500:
-                log.warning("%s answered %s", label, upstream.status)
-                self._replica_failed(replica, model, "upstream_status")
+            if self._server_error(upstream.status, replica, model, label):
                 return _RETRY
 
-            response = web.StreamResponse(status=upstream.status)
-            response.content_type = upstream.content_type
-            if upstream.charset:
-                response.charset = upstream.charset
-            response.headers[REPLICA_HEADER] = label
-            if extra:
-                response.headers.update(extra)
+            response = _response_like(upstream.status, upstream.content_type, upstream.charset,
+                                      label, extra)
             if upstream.content_length is not None:
                 response.content_length = upstream.content_length
             streaming = upstream.content_type == "text/event-stream"
@@ -452,17 +445,10 @@ class Gateway:
                 await response.write(chunk)
                 last_chunk = chunk
 
-            if timed_out:
-                error = self._timed_out(admission, timeout)
-                self.metrics.errors.labels(model, error.reason).inc()
-                if streaming:
-                    await response.write(_event_boundary(last_chunk)
-                                         + sse_error_event(error.message, "timeout", 408))
-            elif broken:
-                self._replica_failed(replica, model, "stream_broken")
-                if streaming:
-                    await response.write(_event_boundary(last_chunk) + sse_error_event(
-                        f"{label} failed mid-stream; the response is incomplete"))
+            if timed_out or broken:
+                await self._end_cut_off(response, "timeout" if timed_out else "broken",
+                                        last_chunk if streaming else None, replica, model,
+                                        label, admission, timeout)
             else:
                 finished = True
                 if replica is not None:
@@ -506,18 +492,10 @@ class Gateway:
                 log.warning("%s unreachable: %s", label, exc)
                 self._replica_failed(replica, model, "upstream_connect")
                 return _RETRY
-            if up.status >= 500:
-                log.warning("%s answered %s", label, up.status)
-                self._replica_failed(replica, model, "upstream_status")
+            if self._server_error(up.status, replica, model, label):
                 return _RETRY
 
-            response = web.StreamResponse(status=up.status)
-            response.content_type = up.content_type
-            if up.charset:
-                response.charset = up.charset
-            response.headers[REPLICA_HEADER] = label
-            if extra:
-                response.headers.update(extra)
+            response = _response_like(up.status, up.content_type, up.charset, label, extra)
             if up.chunked:
                 if request.version >= aiohttp.HttpVersion11:
                     response.enable_chunked_encoding()  # the relay frames the chunks itself
@@ -543,15 +521,9 @@ class Gateway:
                 return self._refuse(RequestError(
                     502, f"{label} failed while responding; retry the request.",
                     code="upstream_failed", reason="upstream_failed"), model)
-            elif outcome == "timeout":
-                error = self._timed_out(admission, timeout)
-                metrics.errors.labels(model, error.reason).inc()
-                await response.write(_event_boundary(up.last_piece)
-                                     + sse_error_event(error.message, "timeout", 408))
             else:
-                self._replica_failed(replica, model, "stream_broken")
-                await response.write(_event_boundary(up.last_piece) + sse_error_event(
-                    f"{label} failed mid-stream; the response is incomplete"))
+                await self._end_cut_off(response, outcome, up.last_piece, replica, model, label,
+                                        admission, timeout)
             await response.write_eof()
             metrics.latency.labels(model, label).observe(time.perf_counter() - started)
             metrics.requests.labels(model, label, str(up.status)).inc()
@@ -567,6 +539,30 @@ class Gateway:
                     self._relay_pool.release(up)
                 else:
                     up.close()
+
+    def _server_error(self, status: int, replica: Optional[Replica], model: str,
+                      label: str) -> bool:
+        """A 5xx before the first byte counts against the replica and is retried."""
+        if status < 500:
+            return False
+        log.warning("%s answered %s", label, status)
+        self._replica_failed(replica, model, "upstream_status")
+        return True
+
+    async def _end_cut_off(self, response, outcome: str, last_piece: Optional[bytes],
+                           replica: Optional[Replica], model: str, label: str, admission,
+                           timeout) -> None:
+        """Account for a response cut off by a timeout or a broken upstream; a stream
+        (``last_piece`` not None) gets an error event of its own to end with."""
+        if outcome == "timeout":
+            error = self._timed_out(admission, timeout)
+            self.metrics.errors.labels(model, error.reason).inc()
+            event = sse_error_event(error.message, "timeout", 408)
+        else:
+            self._replica_failed(replica, model, "stream_broken")
+            event = sse_error_event(f"{label} failed mid-stream; the response is incomplete")
+        if last_piece is not None:
+            await response.write(_event_boundary(last_piece) + event)
 
     @staticmethod
     def _timed_out(admission, timeout) -> RequestError:
@@ -585,6 +581,19 @@ class Gateway:
         self.metrics.errors.labels(model, reason).inc()
         if replica is not None and self.replica_set.failed(replica):
             self.metrics.cooldowns.labels(replica.model, replica.replica_id).inc()
+
+
+def _response_like(status: int, content_type: str, charset: Optional[str], label: str,
+                   extra: Optional[dict]) -> web.StreamResponse:
+    """The response to the client, with the upstream's status and type and our headers."""
+    response = web.StreamResponse(status=status)
+    response.content_type = content_type
+    if charset:
+        response.charset = charset
+    response.headers[REPLICA_HEADER] = label
+    if extra:
+        response.headers.update(extra)
+    return response
 
 
 def _event_boundary(last_chunk: bytes) -> bytes:
