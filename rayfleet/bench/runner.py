@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing as mp
+import os
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -59,6 +60,10 @@ class RunOutput:
 
 
 def use_uvloop() -> None:
+    """uvloop when installed, unless RAYFLEET_BENCH_EVENT_LOOP=asyncio asks for asyncio's own
+    loop (the one vLLM's benchmark runs on, to compare the two clients like with like)."""
+    if os.environ.get("RAYFLEET_BENCH_EVENT_LOOP", "uvloop") == "asyncio":
+        return
     with contextlib.suppress(ImportError):
         import uvloop
 
