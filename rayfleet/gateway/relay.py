@@ -12,7 +12,8 @@ HTTP/1.1 chunk framing: no task wake-up, no buffer in between.
     up = await pool.request("http://127.0.0.1:8001", "/v1/chat/completions", body, headers,
                             total_s=600, idle_s=None)       # the response head is in
     up.status, up.content_type, up.chunked
-    outcome = await up.stream_to(response, request)    # "done" | "broken" | "timeout"
+    outcome = await up.stream_to(response, request)    # "done", "broken", "timeout"
+                                                       # or "client_gone"
     pool.release(up)                                   # back to the pool, or closed
 
 Failures before the head raise ``UpstreamConnectError`` (nothing reached the replica, or
