@@ -24,7 +24,7 @@ class Upstream:
     """A scripted OpenAI-like server; counts connections and remembers aborted streams."""
 
     def __init__(self):
-        self.connections: set[int] = set()
+        self.connections: set[tuple] = set()  # the gateway's ends, as (host, port)
         self.aborted = asyncio.Event()
         self.pieces = 5
         self.gap_s = 0.0
@@ -33,7 +33,7 @@ class Upstream:
         self.big: bytes = b""
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        self.connections.add(id(request.transport))
+        self.connections.add(request.transport.get_extra_info("peername"))
         body = await request.json()
         if not body.get("stream"):
             return web.json_response({"object": "text_completion", "echo": body["prompt"]})
