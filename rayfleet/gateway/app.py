@@ -405,15 +405,11 @@ class Gateway:
                     upstream = await self._session.post(url, data=raw, headers=headers,
                                                         timeout=timeout)
             except aiohttp.ConnectionTimeoutError as exc:
-                log.warning("%s unreachable: %r", label, exc)
-                self._replica_failed(replica, model, "upstream_connect")
-                return _RETRY
+                return self._unreachable(replica, model, label, exc)
             except asyncio.TimeoutError:
                 return self._refuse(self._timed_out(admission, timeout), model)
             except _UPSTREAM_ERRORS as exc:
-                log.warning("%s unreachable: %r", label, exc)
-                self._replica_failed(replica, model, "upstream_connect")
-                return _RETRY
+                return self._unreachable(replica, model, label, exc)
             if self._server_error(upstream.status, replica, model, label):
                 return _RETRY
 
@@ -489,9 +485,7 @@ class Gateway:
             except asyncio.TimeoutError:
                 return self._refuse(self._timed_out(admission, timeout), model)
             except UpstreamConnectError as exc:
-                log.warning("%s unreachable: %s", label, exc)
-                self._replica_failed(replica, model, "upstream_connect")
-                return _RETRY
+                return self._unreachable(replica, model, label, exc)
             if self._server_error(up.status, replica, model, label):
                 return _RETRY
 
@@ -539,6 +533,12 @@ class Gateway:
                     self._relay_pool.release(up)
                 else:
                     up.close()
+
+    def _unreachable(self, replica: Optional[Replica], model: str, label: str, exc) -> object:
+        """No response head came: count it against the replica; the caller retries."""
+        log.warning("%s unreachable: %r", label, exc)
+        self._replica_failed(replica, model, "upstream_connect")
+        return _RETRY
 
     def _server_error(self, status: int, replica: Optional[Replica], model: str,
                       label: str) -> bool:

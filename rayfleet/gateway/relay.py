@@ -293,20 +293,19 @@ class RelayPool:
         up = self._take_idle(key)
         if up is not None:
             up._reset()
-            up.arm(total_s, idle_s, started)
-            up.send(head, body)
             try:
-                await up.head()
-                return up
+                return await self._exchange(up, head, body, total_s, idle_s, started)
             except UpstreamConnectError:
-                up.close()
                 if up.got_bytes:
                     raise
                 # The server closed it while idle: not the replica's fault; a new one.
-            except BaseException:
-                up.close()
-                raise
         up = await self._connect(key, total_s, started)
+        return await self._exchange(up, head, body, total_s, idle_s, started)
+
+    @staticmethod
+    async def _exchange(up: Upstream, head: bytes, body: bytes, total_s, idle_s,
+                        started) -> Upstream:
+        """Send the request on ``up`` and wait for the response head; close it on failure."""
         up.arm(total_s, idle_s, started)
         up.send(head, body)
         try:
