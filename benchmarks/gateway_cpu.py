@@ -26,10 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from overhead import ROOT, SETTLE_S, direct_server, vllm_bench, wait_http  # noqa: E402
+from overhead import ROOT, SETTLE_S, direct_server, vllm_bench, wait_http
 
-from rayfleet.control.engine import free_port  # noqa: E402
-from rayfleet.models import make_tiny  # noqa: E402
+from rayfleet.control.engine import free_port
+from rayfleet.models import make_tiny
 
 GATEWAY_APP = """
 import asyncio, sys, uvloop
@@ -52,8 +52,9 @@ OUTPUT_LEN = 64
 def gateway(replica_url: str, mode: str):
     """A gateway process in front of ``replica_url``; yields (url, pid)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", GATEWAY_APP, replica_url, str(port), mode],
-                            process_group=0, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", GATEWAY_APP, replica_url, str(port), mode], process_group=0, cwd=ROOT
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", timeout_s=120)
         yield f"http://127.0.0.1:{port}", proc.pid
@@ -68,18 +69,25 @@ def cpu_seconds(pid: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=4, help="measurement rounds")
     parser.add_argument("--num-prompts", type=int, default=800, help="requests per run")
     args = parser.parse_args()
 
     model = make_tiny()
     runs: dict[str, list[dict]] = {}
-    with direct_server(model) as direct, \
-            gateway(direct, "relay") as relay, gateway(direct, "aiohttp") as plain:
-        targets = {"vllm-direct": (direct, None), "gateway, relay": relay,
-                   "gateway, aiohttp client": plain}
+    with (
+        direct_server(model) as direct,
+        gateway(direct, "relay") as relay,
+        gateway(direct, "aiohttp") as plain,
+    ):
+        targets = {
+            "vllm-direct": (direct, None),
+            "gateway, relay": relay,
+            "gateway, aiohttp client": plain,
+        }
         for url, _ in targets.values():
             vllm_bench(url, model, 32, 40)  # warm-up
         for r in range(args.rounds):
@@ -90,10 +98,12 @@ def main() -> None:
                 result = vllm_bench(url, model, 32, args.num_prompts)
                 used = cpu_seconds(pid) - before if pid else 0.0
                 tokens = result["total_output_tokens"] or args.num_prompts * OUTPUT_LEN
-                runs.setdefault(name, []).append({
-                    "out tok/s": result["output_throughput"],
-                    "us per token": 1e6 * used / tokens,
-                })
+                runs.setdefault(name, []).append(
+                    {
+                        "out tok/s": result["output_throughput"],
+                        "us per token": 1e6 * used / tokens,
+                    }
+                )
 
     base = runs["vllm-direct"]
     print("\n| target | out tok/s | vs direct | gateway CPU per streamed token |")
@@ -105,9 +115,12 @@ def main() -> None:
         cpu_cell = f"{cpu:.1f} us" if name != "vllm-direct" else "-"
         print(f"| {name} | {tput:.0f} | {ratio:.2f} | {cpu_cell} |")
     for name in list(runs)[1:]:
-        print(f"{name}: per round vs direct "
-              + ", ".join(f"{a['out tok/s'] / b['out tok/s']:.2f}" for a, b in zip(runs[name], base))
-              + "; us per token " + ", ".join(f"{r['us per token']:.1f}" for r in runs[name]))
+        print(
+            f"{name}: per round vs direct "
+            + ", ".join(f"{a['out tok/s'] / b['out tok/s']:.2f}" for a, b in zip(runs[name], base))
+            + "; us per token "
+            + ", ".join(f"{r['us per token']:.1f}" for r in runs[name])
+        )
 
 
 if __name__ == "__main__":

@@ -58,8 +58,14 @@ METRICS = {
 }
 
 
-def vllm_bench(base_url: str, tokenizer: Path, concurrency: int, num_prompts: int,
-               model: str = "tiny", api_key: str | None = None) -> dict:
+def vllm_bench(
+    base_url: str,
+    tokenizer: Path,
+    concurrency: int,
+    num_prompts: int,
+    model: str = "tiny",
+    api_key: str | None = None,
+) -> dict:
     """One run of vLLM's serving benchmark in a fresh process; returns its result dict."""
     with tempfile.TemporaryDirectory() as tmp:
         code = (
@@ -69,14 +75,41 @@ def vllm_bench(base_url: str, tokenizer: Path, concurrency: int, num_prompts: in
             "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))\n"
         )
         argv = [
-            sys.executable, "-c", code,
-            "--base-url", base_url, "--endpoint", "/v1/completions", "--model", "tiny",
-            "--tokenizer", str(tokenizer), "--dataset-name", "random",
-            "--random-input-len", "64", "--random-output-len", "64", "--ignore-eos",
-            "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-            "--save-result", "--result-dir", tmp, "--result-filename", "r.json",
-            "--seed", "0", "--served-model-name", model,
+            sys.executable,
+            "-c",
+            code,
+            "--base-url",
+            base_url,
+            "--endpoint",
+            "/v1/completions",
+            "--model",
+            "tiny",
+            "--tokenizer",
+            str(tokenizer),
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            "64",
+            "--random-output-len",
+            "64",
+            "--ignore-eos",
+            "--num-prompts",
+            str(num_prompts),
+            "--max-concurrency",
+            str(concurrency),
+            "--percentile-metrics",
+            "ttft,tpot,itl,e2el",
+            "--metric-percentiles",
+            "50,99",
+            "--save-result",
+            "--result-dir",
+            tmp,
+            "--result-filename",
+            "r.json",
+            "--seed",
+            "0",
+            "--served-model-name",
+            model,
         ]
         env = {**os.environ, "OPENAI_API_KEY": api_key} if api_key else None
         subprocess.run(argv, check=True, capture_output=True, text=True, env=env)
@@ -97,8 +130,9 @@ def measure(targets: dict[str, str], tokenizer: Path, rounds: int, results: dict
             for name, url in targets.items():
                 print(f"  round {r + 1}/{rounds}  concurrency {c:>2}  {name}", flush=True)
                 time.sleep(SETTLE_S)
-                run = vllm_bench(url, tokenizer, c, num_prompts_for(c),
-                                 **TARGET_OPTIONS.get(name, {}))
+                run = vllm_bench(
+                    url, tokenizer, c, num_prompts_for(c), **TARGET_OPTIONS.get(name, {})
+                )
                 results.setdefault(name, {}).setdefault(str(c), []).append(
                     {label: run[key] for label, key in METRICS.items()}
                 )
@@ -125,8 +159,7 @@ def paired_ttft(targets: dict[str, str], tokenizer: Path, num_rounds: int) -> di
     for name, url in targets.items():
         options = TARGET_OPTIONS.get(name, {})
         headers = {"Authorization": f"Bearer {options['api_key']}"} if "api_key" in options else {}
-        target = Target(url, model=options.get("model", "tiny"), ignore_eos=True,
-                        headers=headers)
+        target = Target(url, model=options.get("model", "tiny"), ignore_eos=True, headers=headers)
         clients[name] = (target, request_headers(target))
     names = list(targets)
 
@@ -154,10 +187,9 @@ def paired_p50(ttft: dict[str, list[float]], name: str, base: str) -> float:
 def wait_http(url: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
+        with contextlib.suppress(Exception), urllib.request.urlopen(url, timeout=2) as resp:
+            if resp.status == 200:
+                return
         time.sleep(1)
     raise TimeoutError(f"{url} did not answer within {timeout_s:.0f}s")
 
@@ -214,7 +246,8 @@ def policy_gateway(replica_url: str, model: Path):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-c", POLICY_GATEWAY_APP, replica_url, str(port), str(model), POLICY_KEY],
-        process_group=0, cwd=ROOT,
+        process_group=0,
+        cwd=ROOT,
     )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", timeout_s=120)
@@ -232,24 +265,34 @@ def fleet_targets(model: Path):
     home = Path(tempfile.mkdtemp(prefix="rayfleet-bench-"))
     port = free_port()
     config = home / "fleet.yaml"
-    config.write_text(yaml.safe_dump({
-        "gateway": {"port": port},
-        "models": [{"name": "tiny", "source": str(model), "engine_args": ENGINE_ARGS}],
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "gateway": {"port": port},
+                "models": [{"name": "tiny", "source": str(model), "engine_args": ENGINE_ARGS}],
+            }
+        )
+    )
     env = {**os.environ, "RAYFLEET_HOME": str(home)}
     cli = [sys.executable, "-m", "rayfleet.cli"]
     print("rayfleet: rayfleet up (one replica)", flush=True)
     # In this process's session, like the direct server and the client (see SESSIONS).
     fleet = subprocess.Popen(
-        [*cli, "up", "-c", str(config)], env=env, process_group=0,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [*cli, "up", "-c", str(config)],
+        env=env,
+        process_group=0,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         status = wait_fleet_ready(cli, env, fleet, timeout_s=600)
         replica_url = status["replicas"][0]["url"]
         with policy_gateway(replica_url, model) as policies:
-            yield {"fleet-replica": replica_url, "rayfleet": f"http://127.0.0.1:{port}",
-                   "rayfleet+policies": policies}
+            yield {
+                "fleet-replica": replica_url,
+                "rayfleet": f"http://127.0.0.1:{port}",
+                "rayfleet+policies": policies,
+            }
     finally:
         fleet.send_signal(signal.SIGINT)  # what Ctrl-C does: the fleet stops cleanly
         try:
@@ -299,8 +342,10 @@ def run_ray_serve_llm(model: Path, tokenizer: Path, rounds: int, results: dict) 
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-c", RAY_SERVE_LLM_APP, str(model), str(port)],
-        env=env, process_group=0,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env,
+        process_group=0,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         wait_http(f"http://127.0.0.1:{port}/v1/models", timeout_s=600)
@@ -327,18 +372,25 @@ def summarize(results: dict) -> list[dict]:
             runs = by_c[c]
             cell = {k: statistics.median(r[k] for r in runs) for k in METRICS}
             pairs = list(zip(runs, direct))
-            rows.append({
-                "target": name, "concurrency": int(c), **cell,
-                "TTFT p50 vs direct ms": statistics.median(
-                    a["TTFT p50 ms"] - b["TTFT p50 ms"] for a, b in pairs),
-                "out tok/s vs direct": statistics.median(
-                    a["out tok/s"] / b["out tok/s"] for a, b in pairs),
-            })
+            rows.append(
+                {
+                    "target": name,
+                    "concurrency": int(c),
+                    **cell,
+                    "TTFT p50 vs direct ms": statistics.median(
+                        a["TTFT p50 ms"] - b["TTFT p50 ms"] for a, b in pairs
+                    ),
+                    "out tok/s vs direct": statistics.median(
+                        a["out tok/s"] / b["out tok/s"] for a, b in pairs
+                    ),
+                }
+            )
     return rows
 
 
 def round_by_round(results: dict) -> list[str]:
     """Paired numbers per round: each target against the run just before it in that round."""
+
     def per_round(name: str, base: str, c: str, key: str, ratio: bool) -> str:
         pairs = zip(results[name][c], results[base][c])
         values = [a[key] / b[key] if ratio else a[key] - b[key] for a, b in pairs]
@@ -346,13 +398,19 @@ def round_by_round(results: dict) -> list[str]:
 
     lines = []
     if "rayfleet" in results:
-        lines.append("rayfleet vs vllm-direct, TTFT p50 at c=1 per round: "
-                     + per_round("rayfleet", "vllm-direct", "1", "TTFT p50 ms", False))
-        lines.append("rayfleet vs vllm-direct, output throughput at c=32 per round: "
-                     + per_round("rayfleet", "vllm-direct", "32", "out tok/s", True))
+        lines.append(
+            "rayfleet vs vllm-direct, TTFT p50 at c=1 per round: "
+            + per_round("rayfleet", "vllm-direct", "1", "TTFT p50 ms", False)
+        )
+        lines.append(
+            "rayfleet vs vllm-direct, output throughput at c=32 per round: "
+            + per_round("rayfleet", "vllm-direct", "32", "out tok/s", True)
+        )
     if "rayfleet+policies" in results:
-        lines.append("rayfleet+policies vs rayfleet, TTFT p50 at c=1 per round: "
-                     + per_round("rayfleet+policies", "rayfleet", "1", "TTFT p50 ms", False))
+        lines.append(
+            "rayfleet+policies vs rayfleet, TTFT p50 at c=1 per round: "
+            + per_round("rayfleet+policies", "rayfleet", "1", "TTFT p50 ms", False)
+        )
     return lines
 
 
@@ -370,11 +428,17 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=2, help="measurement rounds per target")
     parser.add_argument("--skip-ray-serve-llm", action="store_true", help="leave out the peer")
-    parser.add_argument("--paired-rounds", type=int, default=300,
-                        help="rounds of the paired single-request TTFT measurement")
+    parser.add_argument(
+        "--paired-rounds",
+        type=int,
+        default=300,
+        help="rounds of the paired single-request TTFT measurement",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "overhead.json")
     args = parser.parse_args()
 
@@ -397,10 +461,14 @@ def main() -> None:
     print(f"\npaired single requests at concurrency 1 ({args.paired_rounds} rounds), TTFT p50:")
     for name, values in paired.items():
         print(f"  {name:<18} {statistics.median(values):.2f} ms")
-    print(f"  the gateway over its replica called directly: "
-          f"{paired_p50(paired, 'rayfleet', 'fleet-replica'):+.2f} ms (median of per-round differences)")
-    print(f"  policies over the plain gateway: "
-          f"{paired_p50(paired, 'rayfleet+policies', 'rayfleet'):+.2f} ms (median of per-round differences)")
+    print(
+        f"  the gateway over its replica called directly: "
+        f"{paired_p50(paired, 'rayfleet', 'fleet-replica'):+.2f} ms (median of per-round differences)"
+    )
+    print(
+        f"  policies over the plain gateway: "
+        f"{paired_p50(paired, 'rayfleet+policies', 'rayfleet'):+.2f} ms (median of per-round differences)"
+    )
     print(f"\nwrote {args.out}")
 
 

@@ -26,11 +26,11 @@ vLLM's own argument parser (imports vLLM: call it just before deploying).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import io
-import contextlib
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -55,9 +55,11 @@ class ClusterConfig(_Strict):
         description="'local' starts an embedded Ray on this machine; 'auto' joins the Ray "
         "cluster started with `ray start`; 'ray://host:10001' connects through Ray Client.",
     )
-    num_cpus: Optional[int] = Field(
-        None, ge=1, description="Logical CPUs of the embedded Ray (local only; default: enough "
-        "for every replica)."
+    num_cpus: int | None = Field(
+        None,
+        ge=1,
+        description="Logical CPUs of the embedded Ray (local only; default: enough "
+        "for every replica).",
     )
 
     @field_validator("address")
@@ -71,23 +73,27 @@ class ClusterConfig(_Strict):
 class LimitsConfig(_Strict):
     """Caps on what one request may ask for (OWASP API4). Unset fields impose no cap."""
 
-    max_tokens: Optional[int] = Field(
-        None, ge=1, description="Largest max_tokens (or max_completion_tokens) a request may ask for."
+    max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Largest max_tokens (or max_completion_tokens) a request may ask for.",
     )
     max_tokens_action: Literal["reject", "clamp"] = Field(
-        "reject", description="Over max_tokens: 'reject' with a 400 stating the cap, or "
-        "'clamp' the request down to the cap."
+        "reject",
+        description="Over max_tokens: 'reject' with a 400 stating the cap, or "
+        "'clamp' the request down to the cap.",
     )
-    max_n: Optional[int] = Field(None, ge=1, description="Largest 'n' (choices per request).")
-    max_body_bytes: Optional[int] = Field(
+    max_n: int | None = Field(None, ge=1, description="Largest 'n' (choices per request).")
+    max_body_bytes: int | None = Field(
         None, ge=1, description="Largest request body in bytes; larger is a 413."
     )
-    max_messages: Optional[int] = Field(
+    max_messages: int | None = Field(
         None, ge=1, description="Most chat messages per request (or prompts per completion)."
     )
     check_context: bool = Field(
-        True, description="Refuse a request whose prompt plus max_tokens exceeds the model's "
-        "context length with a 400 giving both numbers, before it reaches the engine."
+        True,
+        description="Refuse a request whose prompt plus max_tokens exceeds the model's "
+        "context length with a 400 giving both numbers, before it reaches the engine.",
     )
 
 
@@ -104,7 +110,11 @@ class TimeWindow(_Strict):
     def _clock_time(cls, value: str) -> str:
         parts = value.split(":")
         if len(parts) == 2 and all(p.isdigit() for p in parts):
-            if int(parts[0]) <= 24 and int(parts[1]) < 60 and (int(parts[0]) < 24 or parts[1] == "00"):
+            if (
+                int(parts[0]) <= 24
+                and int(parts[1]) < 60
+                and (int(parts[0]) < 24 or parts[1] == "00")
+            ):
                 return value
         raise ValueError(f"'{value}' is not a time of day 'HH:MM' (00:00 to 24:00)")
 
@@ -116,17 +126,19 @@ class RuleConfig(_Strict):
     target: str = Field(
         min_length=1, description="A model of the fleet, or 'fallback:<provider name>'."
     )
-    prompt_tokens_below: Optional[int] = Field(
-        None, ge=1, description="Holds when the prompt has fewer tokens than this (counted "
-        "with the target model's tokenizer)."
+    prompt_tokens_below: int | None = Field(
+        None,
+        ge=1,
+        description="Holds when the prompt has fewer tokens than this (counted "
+        "with the target model's tokenizer).",
     )
-    prompt_tokens_at_least: Optional[int] = Field(
+    prompt_tokens_at_least: int | None = Field(
         None, ge=0, description="Holds when the prompt has at least this many tokens."
     )
-    priority_classes: Optional[list[str]] = Field(
+    priority_classes: list[str] | None = Field(
         None, min_length=1, description="Holds when the request's priority class is one of these."
     )
-    time_of_day: Optional[TimeWindow] = Field(
+    time_of_day: TimeWindow | None = Field(
         None, description="Holds inside this daily window (gateway.timezone)."
     )
 
@@ -136,12 +148,13 @@ class RouteConfig(_Strict):
 
     name: str = Field(min_length=1, description="The model name clients send for this route.")
     rules: list[RuleConfig] = Field(min_length=1, description="Tried in order.")
-    fallback: Optional[str] = Field(
+    fallback: str | None = Field(
         None, description="Provider used when no rule holds or every rule's target is down."
     )
-    tokenizer: Optional[str] = Field(
-        None, description="Model whose tokenizer counts prompt tokens for rules whose target "
-        "is a provider (default: the first model a rule names)."
+    tokenizer: str | None = Field(
+        None,
+        description="Model whose tokenizer counts prompt tokens for rules whose target "
+        "is a provider (default: the first model a rule names).",
     )
 
 
@@ -152,7 +165,7 @@ class ProviderConfig(_Strict):
     base_url: str = Field(
         min_length=1, description="The provider's OpenAI base URL, e.g. https://api.example.com/v1."
     )
-    api_key_env: Optional[str] = Field(
+    api_key_env: str | None = Field(
         None, description="Environment variable holding the provider's API key (sent as Bearer)."
     )
     models: dict[str, str] = Field(
@@ -160,9 +173,7 @@ class ProviderConfig(_Strict):
         description="Model or route name clients send -> the provider's model name. "
         "Only names listed here (or any, with default_model) fall back to this provider.",
     )
-    default_model: Optional[str] = Field(
-        None, description="Provider model for names not in 'models'."
-    )
+    default_model: str | None = Field(None, description="Provider model for names not in 'models'.")
     timeout_s: float = Field(600.0, gt=0, description="Longest a provider request may take.")
 
     @field_validator("base_url")
@@ -176,13 +187,17 @@ class ProviderConfig(_Strict):
 class FallbackConfig(_Strict):
     """When requests go to a provider instead of the fleet."""
 
-    providers: list[ProviderConfig] = Field(default_factory=list, description="In order of preference.")
+    providers: list[ProviderConfig] = Field(
+        default_factory=list, description="In order of preference."
+    )
     on_no_replica: bool = Field(True, description="When a model has no healthy replica.")
     on_failure: bool = Field(
         True, description="When a request failed before its first byte after the in-fleet retry."
     )
-    max_queue_depth: Optional[int] = Field(
-        None, ge=1, description="When every healthy replica already has this many requests in flight."
+    max_queue_depth: int | None = Field(
+        None,
+        ge=1,
+        description="When every healthy replica already has this many requests in flight.",
     )
 
 
@@ -191,11 +206,13 @@ class PriorityClassConfig(_Strict):
 
     name: str = Field(min_length=1, description="Class name, used by keys, rules and the header.")
     priority: int = Field(description="vLLM per-request priority; lower is served first.")
-    timeout_s: Optional[float] = Field(
-        None, gt=0, description="Longest a request may take end to end; then 408 (or an error "
-        "event ending the stream) and the upstream request is aborted."
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="Longest a request may take end to end; then 408 (or an error "
+        "event ending the stream) and the upstream request is aborted.",
     )
-    stream_idle_timeout_s: Optional[float] = Field(
+    stream_idle_timeout_s: float | None = Field(
         None, gt=0, description="Longest gap between two bytes of a response; then as timeout_s."
     )
 
@@ -204,37 +221,44 @@ class ApiKeyConfig(_Strict):
     """A client key: who it is, what it may use, how much."""
 
     name: str = Field(min_length=1, description="Shown in metrics; never the key itself.")
-    key_sha256: Optional[str] = Field(
-        None, description="'sha256:<64 hex>' of the key (make one with "
-        "`python -m rayfleet.gateway.auth`)."
+    key_sha256: str | None = Field(
+        None,
+        description="'sha256:<64 hex>' of the key (make one with "
+        "`python -m rayfleet.gateway.auth`).",
     )
-    key_file: Optional[str] = Field(
+    key_file: str | None = Field(
         None, description="File holding the key itself (first line); hashed at start."
     )
-    priority_class: Optional[str] = Field(None, description="Priority class of its requests.")
-    models: Optional[list[str]] = Field(
+    priority_class: str | None = Field(None, description="Priority class of its requests.")
+    models: list[str] | None = Field(
         None, description="Models and routes it may use (default: all)."
     )
-    requests_per_minute: Optional[int] = Field(None, ge=1, description="Request rate cap.")
-    tokens_per_minute: Optional[int] = Field(
-        None, ge=1, description="Token rate cap: prompt tokens plus max_tokens, charged at admission."
+    requests_per_minute: int | None = Field(None, ge=1, description="Request rate cap.")
+    tokens_per_minute: int | None = Field(
+        None,
+        ge=1,
+        description="Token rate cap: prompt tokens plus max_tokens, charged at admission.",
     )
-    max_concurrent: Optional[int] = Field(None, ge=1, description="Requests in flight at once.")
+    max_concurrent: int | None = Field(None, ge=1, description="Requests in flight at once.")
 
     @field_validator("key_sha256")
     @classmethod
-    def _hash_form(cls, value: Optional[str]) -> Optional[str]:
+    def _hash_form(cls, value: str | None) -> str | None:
         if value is None:
             return value
         digest = value.removeprefix("sha256:")
-        if value.startswith("sha256:") and len(digest) == 64 and all(
-            c in "0123456789abcdef" for c in digest.lower()
+        if (
+            value.startswith("sha256:")
+            and len(digest) == 64
+            and all(c in "0123456789abcdef" for c in digest.lower())
         ):
             return "sha256:" + digest.lower()
-        raise ValueError("must be 'sha256:' followed by 64 hex digits (the key's hash, not the key)")
+        raise ValueError(
+            "must be 'sha256:' followed by 64 hex digits (the key's hash, not the key)"
+        )
 
     @model_validator(mode="after")
-    def _one_source(self) -> "ApiKeyConfig":
+    def _one_source(self) -> ApiKeyConfig:
         if (self.key_sha256 is None) == (self.key_file is None):
             raise ValueError(
                 f"key '{self.name}' needs exactly one of key_sha256 and key_file "
@@ -250,7 +274,9 @@ class ReplicaProtectionConfig(_Strict):
     max_consecutive_failures: int = Field(
         1, ge=1, description="Failures in a row that take a replica out of rotation."
     )
-    cooldown_s: float = Field(5.0, gt=0, description="How long it stays out before being tried again.")
+    cooldown_s: float = Field(
+        5.0, gt=0, description="How long it stays out before being tried again."
+    )
 
 
 class GatewayConfig(_Strict):
@@ -267,12 +293,13 @@ class GatewayConfig(_Strict):
     timezone: str = Field("UTC", description="IANA time zone of time_of_day rules.")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Caps for every model.")
     model_limits: dict[str, LimitsConfig] = Field(
-        default_factory=dict, description="Per model or route: caps that override 'limits' field by field."
+        default_factory=dict,
+        description="Per model or route: caps that override 'limits' field by field.",
     )
     routes: list[RouteConfig] = Field(default_factory=list, description="Virtual model names.")
     fallback: FallbackConfig = Field(default_factory=FallbackConfig)
     priority_classes: list[PriorityClassConfig] = Field(default_factory=list)
-    default_priority_class: Optional[str] = Field(
+    default_priority_class: str | None = Field(
         None, description="Class of requests with neither a keyed class nor the priority header."
     )
     priority_header: str = Field(
@@ -293,32 +320,47 @@ class GatewayConfig(_Strict):
         try:
             ZoneInfo(value)
         except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"'{value}' is not an IANA time zone (e.g. 'UTC', 'Europe/Paris')") from None
+            raise ValueError(
+                f"'{value}' is not an IANA time zone (e.g. 'UTC', 'Europe/Paris')"
+            ) from None
         return value
 
     @model_validator(mode="after")
-    def _references_resolve(self) -> "GatewayConfig":
+    def _references_resolve(self) -> GatewayConfig:
         """Every class and provider a rule, key or default names must be defined here."""
         classes = [c.name for c in self.priority_classes]
         providers = [p.name for p in self.fallback.providers]
-        for kind, names in (("priority class", classes), ("fallback provider", providers),
-                            ("route", [r.name for r in self.routes])):
+        for kind, names in (
+            ("priority class", classes),
+            ("fallback provider", providers),
+            ("route", [r.name for r in self.routes]),
+        ):
             dup = next((n for n in names if names.count(n) > 1), None)
             if dup:
                 raise ValueError(f"two {kind}s are named '{dup}'; names must be unique")
-        wanted_classes = [(f"default_priority_class '{self.default_priority_class}'",
-                           self.default_priority_class)]
-        wanted_classes += [(f"api_keys '{k.name}' priority_class '{k.priority_class}'",
-                            k.priority_class) for k in self.api_keys]
-        wanted_providers = [(f"routes '{r.name}' fallback '{r.fallback}'", r.fallback)
-                            for r in self.routes]
+        wanted_classes = [
+            (f"default_priority_class '{self.default_priority_class}'", self.default_priority_class)
+        ]
+        wanted_classes += [
+            (f"api_keys '{k.name}' priority_class '{k.priority_class}'", k.priority_class)
+            for k in self.api_keys
+        ]
+        wanted_providers = [
+            (f"routes '{r.name}' fallback '{r.fallback}'", r.fallback) for r in self.routes
+        ]
         for route in self.routes:
             for rule in route.rules:
-                wanted_classes += [(f"rule '{rule.name}' priority class '{c}'", c)
-                                   for c in rule.priority_classes or ()]
+                wanted_classes += [
+                    (f"rule '{rule.name}' priority class '{c}'", c)
+                    for c in rule.priority_classes or ()
+                ]
                 if rule.target.startswith("fallback:"):
-                    wanted_providers.append((f"rule '{rule.name}' target '{rule.target}'",
-                                             rule.target.removeprefix("fallback:")))
+                    wanted_providers.append(
+                        (
+                            f"rule '{rule.name}' target '{rule.target}'",
+                            rule.target.removeprefix("fallback:"),
+                        )
+                    )
                 low, high = rule.prompt_tokens_at_least, rule.prompt_tokens_below
                 if low is not None and high is not None and low >= high:
                     raise ValueError(
@@ -328,12 +370,15 @@ class GatewayConfig(_Strict):
                     )
         for what, name in wanted_classes:
             if name is not None and name not in classes:
-                raise ValueError(f"{what} is not defined; priority_classes has: "
-                                 f"{', '.join(classes) or 'none'}")
+                raise ValueError(
+                    f"{what} is not defined; priority_classes has: {', '.join(classes) or 'none'}"
+                )
         for what, name in wanted_providers:
             if name is not None and name not in providers:
-                raise ValueError(f"{what} is not a fallback provider; fallback.providers has: "
-                                 f"{', '.join(providers) or 'none'}")
+                raise ValueError(
+                    f"{what} is not a fallback provider; fallback.providers has: "
+                    f"{', '.join(providers) or 'none'}"
+                )
         return self
 
 
@@ -396,7 +441,7 @@ class FleetConfig(_Strict):
     models: list[ModelConfig] = Field(min_length=1, description="Models to serve.")
 
     @model_validator(mode="after")
-    def _unique_names(self) -> "FleetConfig":
+    def _unique_names(self) -> FleetConfig:
         seen: set[str] = set()
         for model in self.models:
             if model.name in seen:
@@ -405,7 +450,7 @@ class FleetConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _gateway_matches_models(self) -> "FleetConfig":
+    def _gateway_matches_models(self) -> FleetConfig:
         """Route targets and per-model settings name real models; priority classes need
         vLLM's priority scheduler, which this adds to every model that does not set it."""
         gateway = self.gateway
@@ -422,14 +467,22 @@ class FleetConfig(_Strict):
                         f"is not a model of the fleet ({', '.join(models)}) nor 'fallback:<name>'"
                     )
             if route.tokenizer is not None and route.tokenizer not in models:
-                raise ValueError(f"route '{route.name}' tokenizer '{route.tokenizer}' is not a "
-                                 f"model of the fleet ({', '.join(models)})")
+                raise ValueError(
+                    f"route '{route.name}' tokenizer '{route.tokenizer}' is not a "
+                    f"model of the fleet ({', '.join(models)})"
+                )
         names = models + routes
         named = [(f"gateway.model_limits '{n}'", n) for n in gateway.model_limits]
-        named += [(f"api_keys '{k.name}' models '{n}'", n) for k in gateway.api_keys
-                  for n in k.models or ()]
-        named += [(f"fallback provider '{p.name}' models '{n}'", n)
-                  for p in gateway.fallback.providers for n in p.models]
+        named += [
+            (f"api_keys '{k.name}' models '{n}'", n)
+            for k in gateway.api_keys
+            for n in k.models or ()
+        ]
+        named += [
+            (f"fallback provider '{p.name}' models '{n}'", n)
+            for p in gateway.fallback.providers
+            for n in p.models
+        ]
         for what, name in named:
             if name not in names:
                 raise ValueError(f"{what} is neither a model nor a route ({', '.join(names)})")
@@ -492,8 +545,10 @@ def load_fleet(path: str | Path) -> FleetConfig:
 
 def parse_fleet(data: Any, origin: str = "fleet.yaml") -> FleetConfig:
     if not isinstance(data, dict):
-        raise ConfigError(f"{origin}: expected a mapping with 'models' (and optionally "
-                          "'cluster', 'gateway') at the top level")
+        raise ConfigError(
+            f"{origin}: expected a mapping with 'models' (and optionally "
+            "'cluster', 'gateway') at the top level"
+        )
     try:
         return FleetConfig.model_validate(data)
     except ValidationError as exc:
@@ -559,8 +614,10 @@ def _model_for(loc: list) -> type[BaseModel] | None:
 
 def _did_you_mean(word: str, choices: list[str]) -> str:
     match = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f"; did you mean '{match[0]}'?" if match else (
-        f"; allowed: {', '.join(choices)}" if choices else ""
+    return (
+        f"; did you mean '{match[0]}'?"
+        if match
+        else (f"; allowed: {', '.join(choices)}" if choices else "")
     )
 
 

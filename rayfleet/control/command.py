@@ -9,7 +9,6 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -21,11 +20,14 @@ console = Console(stderr=True, highlight=False)
 
 
 def up(
-    config_file: Optional[Path] = typer.Option(
-        None, "--config", "-c", help="fleet.yaml to serve (default: the demo fleet: "
+    config_file: Path | None = typer.Option(
+        None,
+        "--config",
+        "-c",
+        help="fleet.yaml to serve (default: the demo fleet: "
         "SmolLM2-135M-Instruct as 'smollm2-135m' on an embedded Ray).",
     ),
-    port: Optional[int] = typer.Option(
+    port: int | None = typer.Option(
         None, "--port", help="Gateway port, overriding gateway.port in the file."
     ),
     detach: bool = typer.Option(
@@ -60,7 +62,7 @@ def up(
     FleetProcess(config, say=lambda msg: console.print(msg)).run()
 
 
-def _load_config(config_file: Optional[Path], port: Optional[int]):
+def _load_config(config_file: Path | None, port: int | None):
     from rayfleet.config import default_fleet, load_fleet
 
     if config_file is None:
@@ -75,7 +77,7 @@ def _load_config(config_file: Optional[Path], port: Optional[int]):
     return config
 
 
-def _up_detached(config_file: Optional[Path], port: Optional[int], ready_timeout_s: float) -> None:
+def _up_detached(config_file: Path | None, port: int | None, ready_timeout_s: float) -> None:
     from rayfleet._home import rayfleet_home
     from rayfleet.control.state import RunState, clear_state
 
@@ -89,7 +91,10 @@ def _up_detached(config_file: Optional[Path], port: Optional[int], ready_timeout
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
     console.print(f"fleet starting in the background (pid {proc.pid}); log: {log_path}")
@@ -139,7 +144,9 @@ def _print_status(report: dict) -> None:
     out.print(f"fleet [bold]{report['phase']}[/] at {report['gateway_url']}/v1")
     nodes = Table("node", "ip", "alive", "CPUs", "GPUs", title="nodes")
     for n in report.get("nodes", []):
-        nodes.add_row(n["node_id"][:12], n["ip"], str(n["alive"]), f"{n['cpus']:g}", f"{n['gpus']:g}")
+        nodes.add_row(
+            n["node_id"][:12], n["ip"], str(n["alive"]), f"{n['cpus']:g}", f"{n['gpus']:g}"
+        )
     out.print(nodes)
     models = Table("model", "healthy replicas", "serve status", title="models")
     apps = report.get("applications", {})
@@ -149,8 +156,14 @@ def _print_status(report: dict) -> None:
     replicas = Table("replica", "node", "url", "pid", "health", "in flight", title="replicas")
     for r in report.get("replicas", []):
         health = "[green]healthy[/]" if r["healthy"] else "[yellow]cooling down[/]"
-        replicas.add_row(r["replica_id"], r["node_ip"] or r["node_id"][:12], r["url"],
-                         str(r["pid"]), health, str(r["inflight"]))
+        replicas.add_row(
+            r["replica_id"],
+            r["node_ip"] or r["node_id"][:12],
+            r["url"],
+            str(r["pid"]),
+            health,
+            str(r["inflight"]),
+        )
     out.print(replicas)
 
 
@@ -159,7 +172,9 @@ def _running_state():
 
     state = RunState.load()
     if state is None:
-        raise RayfleetError(f"no fleet is running (no {state_path()}); start one with `rayfleet up`")
+        raise RayfleetError(
+            f"no fleet is running (no {state_path()}); start one with `rayfleet up`"
+        )
     if not state.process_alive():
         _kill_engines(state)
         clear_state()

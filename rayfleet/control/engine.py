@@ -45,8 +45,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 _LOG_TAIL_BYTES = 4000
@@ -163,7 +164,7 @@ class EngineProcess:
     def argv(self) -> list[str]:
         return server_argv(self.model, self.served_name, self.engine_args, self.host, self.port)
 
-    def start(self) -> "EngineProcess":
+    def start(self) -> EngineProcess:
         if self.port is None:
             self.port = free_port(self.host)
         if self.log_path is None:
@@ -232,7 +233,7 @@ class EngineProcess:
         with contextlib.suppress(Exception):
             self.proc.wait(timeout=1)
 
-    def __enter__(self) -> "EngineProcess":
+    def __enter__(self) -> EngineProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:

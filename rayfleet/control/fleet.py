@@ -23,8 +23,8 @@ import math
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from rayfleet._home import rayfleet_home
 from rayfleet.config import FleetConfig
@@ -184,7 +184,9 @@ class FleetProcess:
                 status_extra=cluster_status,
                 policies=self.policies,
             )
-            runner = await start_gateway(gateway, self.config.gateway.host, self.config.gateway.port)
+            runner = await start_gateway(
+                gateway, self.config.gateway.host, self.config.gateway.port
+            )
             ready = asyncio.create_task(self._wait_until_ready(gateway))
             stopped = asyncio.create_task(stop.wait())
             done, _ = await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -222,8 +224,10 @@ class FleetProcess:
     async def _wait_until_ready(self, gateway) -> None:
         last = None
         while True:
-            counts = {m.name: (gateway.replica_set.num_healthy(m.name), m.replicas)
-                      for m in self.config.models}
+            counts = {
+                m.name: (gateway.replica_set.num_healthy(m.name), m.replicas)
+                for m in self.config.models
+            }
             line = ", ".join(f"{name} {have}/{want}" for name, (have, want) in counts.items())
             if line != last:
                 self.say(f"replicas ready: {line}")
@@ -241,7 +245,9 @@ class FleetProcess:
         self.say(f"fleet ready: OpenAI-compatible API at {url}/v1")
         for model in self.config.models:
             self.say(f"  model '{model.name}': {model.replicas} replica(s)")
-        self.say(f"  try: curl {url}/v1/models    status: rayfleet status    stop: Ctrl-C or rayfleet down")
+        self.say(
+            f"  try: curl {url}/v1/models    status: rayfleet status    stop: Ctrl-C or rayfleet down"
+        )
 
     def _shutdown(self) -> None:
         import ray

@@ -13,7 +13,6 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import psutil
 
@@ -36,7 +35,7 @@ class RunState:
     started_at: float = 0.0
     error: str = ""
 
-    def save(self, path: Optional[Path] = None) -> None:
+    def save(self, path: Path | None = None) -> None:
         path = path or state_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".fleet-")
@@ -45,7 +44,7 @@ class RunState:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: Optional[Path] = None) -> Optional["RunState"]:
+    def load(cls, path: Path | None = None) -> RunState | None:
         path = path or state_path()
         try:
             data = json.loads(path.read_text())
@@ -62,5 +61,5 @@ class RunState:
         return proc.status() != psutil.STATUS_ZOMBIE
 
 
-def clear_state(path: Optional[Path] = None) -> None:
+def clear_state(path: Path | None = None) -> None:
     (path or state_path()).unlink(missing_ok=True)

@@ -7,8 +7,9 @@ is ``check(ctx) -> list[CheckResult]``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from rayfleet.doctor.needs import FleetNeeds
 from rayfleet.doctor.result import CheckResult, Node, Status, cluster_result, result_for
@@ -48,6 +49,7 @@ NodeCheck = Callable[[Node, dict[str, Any], Context], list[CheckResult]]
 
 # --- versions ---------------------------------------------------------------------
 
+
 def check_versions(node: Node, facts: dict[str, Any], ctx: Context) -> list[CheckResult]:
     mine = _part(facts, "versions")
     head_facts = ctx.head_facts
@@ -69,8 +71,10 @@ def check_versions(node: Node, facts: dict[str, Any], ctx: Context) -> list[Chec
             fixes.append(f"install {name}=={want} on this node")
         else:
             problems.append(f"{name} {have} (head {want})")
-            fixes.append(f"this node imports {name} {have} from {where}: install {name}=={want} "
-                         "there or remove that copy from its PYTHONPATH")
+            fixes.append(
+                f"this node imports {name} {have} from {where}: install {name}=={want} "
+                "there or remove that copy from its PYTHONPATH"
+            )
     if status is Status.OK:
         value = ", ".join(f"{n} {(mine.get(n) or {}).get('version') or '-'}" for n in VERSIONED)
         return [result_for(node, "versions", Status.OK, value)]
@@ -93,6 +97,7 @@ def _needed(name: str, needs: FleetNeeds) -> bool:
 
 # --- GPUs -------------------------------------------------------------------------
 
+
 def check_gpus(node: Node, facts: dict[str, Any], ctx: Context) -> list[CheckResult]:
     gpus = _part(facts, "gpus")
     status, value, fix = judge_gpus(
@@ -104,42 +109,74 @@ def check_gpus(node: Node, facts: dict[str, Any], ctx: Context) -> list[CheckRes
     return [result_for(node, "gpus", status, value, fix)]
 
 
-def judge_gpus(smi: dict[str, Any], driver_gpus: int, cuda_visible: str | None,
-               ray_gpus: float) -> tuple[Status, str, str]:
+def judge_gpus(
+    smi: dict[str, Any], driver_gpus: int, cuda_visible: str | None, ray_gpus: float
+) -> tuple[Status, str, str]:
     """GPUs the OS sees (nvidia-smi, the kernel driver) against the GPUs Ray registered."""
     os_gpus = len(smi.get("gpus") or [])
     visible = visible_count(cuda_visible, os_gpus)
     names = sorted({g["name"] for g in smi.get("gpus") or []})
     seen = f"OS {os_gpus} ({', '.join(names)})" if os_gpus else "OS 0"
-    value = f"{seen}, Ray {ray_gpus:g}" + (f", CUDA_VISIBLE_DEVICES={cuda_visible!r}"
-                                           if cuda_visible is not None else "")
+    value = f"{seen}, Ray {ray_gpus:g}" + (
+        f", CUDA_VISIBLE_DEVICES={cuda_visible!r}" if cuda_visible is not None else ""
+    )
     if smi.get("error"):
         if driver_gpus or ray_gpus:
-            return (Status.FAIL, f"nvidia-smi failed: {smi['error']}",
-                    "the NVIDIA driver is unreachable here; " + CONTAINER_HINT)
+            return (
+                Status.FAIL,
+                f"nvidia-smi failed: {smi['error']}",
+                "the NVIDIA driver is unreachable here; " + CONTAINER_HINT,
+            )
         return Status.WARN, f"nvidia-smi failed: {smi['error']}", "check the NVIDIA driver"
     if os_gpus == 0:
         if driver_gpus:
-            return (Status.FAIL, f"the host driver has {driver_gpus} GPUs, this node sees none",
-                    CONTAINER_HINT)
+            return (
+                Status.FAIL,
+                f"the host driver has {driver_gpus} GPUs, this node sees none",
+                CONTAINER_HINT,
+            )
         if ray_gpus:
-            return (Status.FAIL, value, "Ray was started with --num-gpus but no GPU is visible; "
-                    "restart Ray on this node without --num-gpus or " + CONTAINER_HINT)
+            return (
+                Status.FAIL,
+                value,
+                "Ray was started with --num-gpus but no GPU is visible; "
+                "restart Ray on this node without --num-gpus or " + CONTAINER_HINT,
+            )
         return Status.OK, "no GPU (CPU node)", ""
     if ray_gpus == 0:
         if visible == 0 and cuda_visible is not None:
-            return (Status.FAIL, value, "CUDA_VISIBLE_DEVICES hides every GPU from Ray: unset it "
-                    "where Ray starts, then restart Ray on this node")
-        return (Status.FAIL, value, "Ray registered no GPU although the OS sees them: restart "
-                f"Ray on this node with `--num-gpus {visible}`; in a container, " + CONTAINER_HINT)
+            return (
+                Status.FAIL,
+                value,
+                "CUDA_VISIBLE_DEVICES hides every GPU from Ray: unset it "
+                "where Ray starts, then restart Ray on this node",
+            )
+        return (
+            Status.FAIL,
+            value,
+            "Ray registered no GPU although the OS sees them: restart "
+            f"Ray on this node with `--num-gpus {visible}`; in a container, " + CONTAINER_HINT,
+        )
     if ray_gpus > visible:
-        hidden = (f"CUDA_VISIBLE_DEVICES={cuda_visible!r} hides {os_gpus - visible} of them: fix "
-                  "it where Ray starts, or " if visible < os_gpus else "")
-        return (Status.FAIL, value, f"Ray claims {ray_gpus:g} GPU(s) but {visible} are visible; "
-                f"{hidden}restart Ray on this node with `--num-gpus {visible}`")
+        hidden = (
+            f"CUDA_VISIBLE_DEVICES={cuda_visible!r} hides {os_gpus - visible} of them: fix "
+            "it where Ray starts, or "
+            if visible < os_gpus
+            else ""
+        )
+        return (
+            Status.FAIL,
+            value,
+            f"Ray claims {ray_gpus:g} GPU(s) but {visible} are visible; "
+            f"{hidden}restart Ray on this node with `--num-gpus {visible}`",
+        )
     if ray_gpus < visible:
-        return (Status.WARN, value, f"Ray uses {ray_gpus:g} of {visible} visible GPUs: restart Ray "
-                f"with `--num-gpus {visible}` to use them all")
+        return (
+            Status.WARN,
+            value,
+            f"Ray uses {ray_gpus:g} of {visible} visible GPUs: restart Ray "
+            f"with `--num-gpus {visible}` to use them all",
+        )
     return Status.OK, value, ""
 
 
@@ -163,13 +200,23 @@ def check_gpus_cluster(ctx: Context) -> list[CheckResult]:
         return []
     gpu_models = ctx.needs.gpu_models
     if gpu_models:
-        return [cluster_result("gpus", Status.FAIL, f"no node has a GPU; {', '.join(gpu_models)} "
-                               "need them", "add GPU nodes or set num_gpus: 0 for a CPU engine")]
-    return [cluster_result("gpus", Status.INFO,
-                           f"CPU-only cluster: no GPU on any of {len(answered)} nodes")]
+        return [
+            cluster_result(
+                "gpus",
+                Status.FAIL,
+                f"no node has a GPU; {', '.join(gpu_models)} need them",
+                "add GPU nodes or set num_gpus: 0 for a CPU engine",
+            )
+        ]
+    return [
+        cluster_result(
+            "gpus", Status.INFO, f"CPU-only cluster: no GPU on any of {len(answered)} nodes"
+        )
+    ]
 
 
 # --- shared memory ----------------------------------------------------------------
+
 
 def check_shm(node: Node, facts: dict[str, Any], ctx: Context) -> list[CheckResult]:
     shm = _part(facts, "shm")
@@ -184,8 +231,11 @@ def judge_shm(total_bytes: int | None, parallel_models: list[str]) -> tuple[Stat
     value = f"/dev/shm {_gib(total_bytes)}"
     if total_bytes < SHM_FAIL_BYTES:
         if parallel_models:
-            return (Status.FAIL, f"{value}; {', '.join(parallel_models)} use TP/PP",
-                    "NCCL hangs at 'waiting for all workers' with this little; " + fix)
+            return (
+                Status.FAIL,
+                f"{value}; {', '.join(parallel_models)} use TP/PP",
+                "NCCL hangs at 'waiting for all workers' with this little; " + fix,
+            )
         return Status.WARN, value, "any model with TP or PP will hang or crash; " + fix
     if total_bytes < SHM_WARN_BYTES:
         return Status.WARN, value, "under 8 GiB; " + fix
@@ -193,6 +243,7 @@ def judge_shm(total_bytes: int | None, parallel_models: list[str]) -> tuple[Stat
 
 
 # --- NCCL -------------------------------------------------------------------------
+
 
 def check_nccl(node: Node, facts: dict[str, Any], ctx: Context) -> list[CheckResult]:
     status, value, fix = judge_nccl(_part(facts, "nccl"), node.num_gpus)
@@ -208,16 +259,26 @@ def judge_nccl(nccl: dict[str, Any], num_gpus: float) -> tuple[Status, str, str]
     for variable in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
         spec = env.get(variable)
         if spec is not None and not match_interfaces(spec, interfaces):
-            return (Status.FAIL, f"{variable}={spec} matches no interface here "
-                    f"({', '.join(interfaces)})",
-                    f"set {variable} to this node's inter-node interface (one of "
-                    f"{', '.join(i for i in interfaces if i != 'lo') or 'none'}) or unset it")
+            return (
+                Status.FAIL,
+                f"{variable}={spec} matches no interface here ({', '.join(interfaces)})",
+                f"set {variable} to this node's inter-node interface (one of "
+                f"{', '.join(i for i in interfaces if i != 'lo') or 'none'}) or unset it",
+            )
     if ib and env.get("NCCL_IB_DISABLE") == "1":
-        return (Status.WARN, value, "InfiniBand is present but NCCL_IB_DISABLE=1 sends NCCL over "
-                "TCP: unset it unless IB is known broken")
+        return (
+            Status.WARN,
+            value,
+            "InfiniBand is present but NCCL_IB_DISABLE=1 sends NCCL over "
+            "TCP: unset it unless IB is known broken",
+        )
     if env.get("NCCL_P2P_DISABLE") == "1" and num_gpus > 1:
-        return (Status.WARN, value, "NCCL_P2P_DISABLE=1 routes GPU-to-GPU traffic through host "
-                "memory: unset it unless P2P is known broken")
+        return (
+            Status.WARN,
+            value,
+            "NCCL_P2P_DISABLE=1 routes GPU-to-GPU traffic through host "
+            "memory: unset it unless P2P is known broken",
+        )
     return Status.OK, value, ""
 
 
@@ -240,6 +301,7 @@ def match_interfaces(spec: str, interfaces: list[str]) -> list[str]:
 
 
 # --- disk, model sources, ports ---------------------------------------------------
+
 
 def check_disk(node: Node, facts: dict[str, Any], ctx: Context) -> list[CheckResult]:
     disks = facts.get("disk")
@@ -273,13 +335,27 @@ def check_models(node: Node, facts: dict[str, Any], ctx: Context) -> list[CheckR
         if seen["present"]:
             results.append(result_for(node, check, Status.OK, seen["detail"]))
         elif seen["kind"] == "hub":
-            results.append(result_for(node, check, Status.FAIL, seen["detail"],
-                                      f"download it on this node (`hf download {model.source}`) "
-                                      "or let the node reach the hub"))
+            results.append(
+                result_for(
+                    node,
+                    check,
+                    Status.FAIL,
+                    seen["detail"],
+                    f"download it on this node (`hf download {model.source}`) "
+                    "or let the node reach the hub",
+                )
+            )
         else:
-            results.append(result_for(node, check, Status.FAIL, seen["detail"],
-                                      f"copy the model to {model.source} on this node, or mount "
-                                      "shared storage at that path on every node"))
+            results.append(
+                result_for(
+                    node,
+                    check,
+                    Status.FAIL,
+                    seen["detail"],
+                    f"copy the model to {model.source} on this node, or mount "
+                    "shared storage at that path on every node",
+                )
+            )
     return results
 
 
@@ -294,14 +370,26 @@ def check_ports(node: Node, facts: dict[str, Any], ctx: Context) -> list[CheckRe
             results.append(result_for(node, check, Status.OK, "free (gateway)"))
             continue
         holder = f", held by {port['holder']}" if port.get("holder") else ""
-        results.append(result_for(node, check, Status.FAIL, f"in use{holder}",
-                                  f"stop what listens on {port['port']} or set gateway.port to "
-                                  "a free port"))
+        results.append(
+            result_for(
+                node,
+                check,
+                Status.FAIL,
+                f"in use{holder}",
+                f"stop what listens on {port['port']} or set gateway.port to a free port",
+            )
+        )
     return results
 
 
 NODE_CHECKS: list[NodeCheck] = [
-    check_versions, check_gpus, check_shm, check_nccl, check_disk, check_models, check_ports,
+    check_versions,
+    check_gpus,
+    check_shm,
+    check_nccl,
+    check_disk,
+    check_models,
+    check_ports,
 ]
 CLUSTER_CHECKS: list[Callable[[Context], list[CheckResult]]] = [check_gpus_cluster]
 
@@ -314,8 +402,15 @@ def run_node_checks(node: Node, facts: dict[str, Any], ctx: Context) -> list[Che
         try:
             results.extend(check(node, facts, ctx))
         except Exception as exc:
-            results.append(result_for(node, name, Status.FAIL, f"could not check: {_reason(exc)}",
-                                      "see the node's Ray worker logs"))
+            results.append(
+                result_for(
+                    node,
+                    name,
+                    Status.FAIL,
+                    f"could not check: {_reason(exc)}",
+                    "see the node's Ray worker logs",
+                )
+            )
     return results
 
 
@@ -325,8 +420,13 @@ def run_cluster_checks(ctx: Context) -> list[CheckResult]:
         try:
             results.extend(check(ctx))
         except Exception as exc:
-            results.append(cluster_result(check.__name__.removeprefix("check_"), Status.FAIL,
-                                          f"could not check: {_reason(exc)}"))
+            results.append(
+                cluster_result(
+                    check.__name__.removeprefix("check_"),
+                    Status.FAIL,
+                    f"could not check: {_reason(exc)}",
+                )
+            )
     return results
 
 

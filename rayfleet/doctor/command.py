@@ -7,27 +7,36 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
 
 
 def doctor(
-    address: Optional[str] = typer.Option(
-        None, "--address", help="Ray cluster: auto, local, host:port or ray://host:port "
-        "[default: the fleet's cluster.address, else auto]"),
-    config: Optional[Path] = typer.Option(
-        None, "-c", "--config", help="fleet.yaml: also check what this fleet needs."),
+    address: str | None = typer.Option(
+        None,
+        "--address",
+        help="Ray cluster: auto, local, host:port or ray://host:port "
+        "[default: the fleet's cluster.address, else auto]",
+    ),
+    config: Path | None = typer.Option(
+        None, "-c", "--config", help="fleet.yaml: also check what this fleet needs."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-    timeout_s: float = typer.Option(30.0, "--timeout-s", min=1,
-                                    help="How long a node may take to answer."),
-    network: bool = typer.Option(True, "--network/--no-network",
-                                 help="Measure bandwidth and RTT between every pair of nodes."),
-    net_seconds: float = typer.Option(2.0, "--net-seconds", min=0.1,
-                                      help="Longest one bandwidth stream runs."),
-    net_max_mib: int = typer.Option(256, "--net-max-mib", min=1,
-                                    help="Most data one bandwidth stream sends (MiB)."),
+    timeout_s: float = typer.Option(
+        30.0, "--timeout-s", min=1, help="How long a node may take to answer."
+    ),
+    network: bool = typer.Option(
+        True,
+        "--network/--no-network",
+        help="Measure bandwidth and RTT between every pair of nodes.",
+    ),
+    net_seconds: float = typer.Option(
+        2.0, "--net-seconds", min=0.1, help="Longest one bandwidth stream runs."
+    ),
+    net_max_mib: int = typer.Option(
+        256, "--net-max-mib", min=1, help="Most data one bandwidth stream sends (MiB)."
+    ),
 ) -> None:
     """Check every node of a Ray cluster: versions, GPUs, /dev/shm, NCCL, links, disk, ports."""
     from rayfleet.doctor.report import print_table, rerun_command, to_json
@@ -41,8 +50,13 @@ def doctor(
     if address is None:
         fleet_address = fleet.cluster.address if fleet else "auto"
         address = "auto" if fleet_address == "local" else fleet_address
-    options = DoctorOptions(address=address, timeout_s=timeout_s, network=network,
-                            net_seconds=net_seconds, net_max_bytes=net_max_mib * 1024**2)
+    options = DoctorOptions(
+        address=address,
+        timeout_s=timeout_s,
+        network=network,
+        net_seconds=net_seconds,
+        net_max_bytes=net_max_mib * 1024**2,
+    )
     stderr = Console(stderr=True)
     # Ray's driver prints cluster events (a raylet dying) on stdout; keep --json parseable.
     quiet = _stdout_to_stderr() if as_json else contextlib.nullcontext()
@@ -76,8 +90,13 @@ class _progress:
     def __init__(self, console: Console) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                             console=console, transient=True)
+        self._bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=console,
+            transient=True,
+        )
         self._tasks: dict[str, int] = {}
 
     def __enter__(self):

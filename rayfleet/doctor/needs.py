@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from rayfleet.doctor.result import Node
 
@@ -48,7 +49,7 @@ class FleetNeeds:
         return list(nodes)
 
 
-def fleet_needs(fleet: "FleetConfig | None", nodes: Sequence[Node]) -> FleetNeeds:
+def fleet_needs(fleet: FleetConfig | None, nodes: Sequence[Node]) -> FleetNeeds:
     if fleet is None:
         return FleetNeeds()
     max_node_gpus = max((n.num_gpus for n in nodes), default=0.0)
@@ -59,11 +60,13 @@ def fleet_needs(fleet: "FleetConfig | None", nodes: Sequence[Node]) -> FleetNeed
     )
 
 
-def _model_need(model: "ModelConfig", max_node_gpus: float) -> ModelNeed:
+def _model_need(model: ModelConfig, max_node_gpus: float) -> ModelNeed:
     needs_gpus = model.num_gpus > 0
     gpus_per_replica = max(model.num_gpus, model.world_size) if needs_gpus else 0
     # CPU engines run TP/PP with vLLM's multiprocessing executor: always one node.
-    cross_node = needs_gpus and model.world_size > 1 and (
-        gpus_per_replica > max_node_gpus or model.placement_strategy == "SPREAD"
+    cross_node = (
+        needs_gpus
+        and model.world_size > 1
+        and (gpus_per_replica > max_node_gpus or model.placement_strategy == "SPREAD")
     )
     return ModelNeed(model.name, model.source, needs_gpus, model.world_size, cross_node)

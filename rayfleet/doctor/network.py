@@ -23,9 +23,10 @@ import statistics
 import struct
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rayfleet.doctor.needs import FleetNeeds
 from rayfleet.doctor.result import CheckResult, Node, Status
@@ -79,8 +80,10 @@ class LinkPeer:
 
     def measure(self, host: str, port: int, seconds: float, max_bytes: int) -> dict[str, float]:
         """Round-trip time and one-stream bandwidth from here to a peer listening at host:port."""
-        return {"rtt_ms": self._rtt_ms(host, port), "gbps": self._gbps(host, port, seconds,
-                                                                        max_bytes)}
+        return {
+            "rtt_ms": self._rtt_ms(host, port),
+            "gbps": self._gbps(host, port, seconds, max_bytes),
+        }
 
     def _connect(self, host: str, port: int, mode: bytes) -> socket.socket:
         sock = socket.create_connection((host, port), timeout=self._io_timeout_s)
@@ -165,11 +168,15 @@ def pair_rounds(node_ids: Sequence[str]) -> list[list[tuple[str, str]]]:
 def judge_link(link: LinkMeasurement, needs: FleetNeeds) -> tuple[Status, str]:
     cross = needs.cross_node_models
     if link.gbps < FAIL_GBPS and cross:
-        return Status.FAIL, (f"{', '.join(cross)} span nodes and need a faster link: keep each "
-                             "replica on one node (pipeline parallel or independent replicas)")
+        return Status.FAIL, (
+            f"{', '.join(cross)} span nodes and need a faster link: keep each "
+            "replica on one node (pipeline parallel or independent replicas)"
+        )
     if link.gbps < WARN_GBPS:
-        return Status.WARN, ("under 10 Gbit/s: cross-node tensor parallelism will be slow; use "
-                             "pipeline parallel across nodes or independent replicas")
+        return Status.WARN, (
+            "under 10 Gbit/s: cross-node tensor parallelism will be slow; use "
+            "pipeline parallel across nodes or independent replicas"
+        )
     return Status.OK, ""
 
 
@@ -190,7 +197,7 @@ def save_links(links: Sequence[LinkMeasurement], path: Path | None = None) -> Pa
     path = path or network_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = {
-        "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "pairs": [
             {**asdict(link), "gbps": round(link.gbps, 3), "rtt_ms": round(link.rtt_ms, 4)}
             for link in links

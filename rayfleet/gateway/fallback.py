@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import aiohttp
 
@@ -20,9 +21,16 @@ FALLBACK_PREFIX = "fallback:"
 
 
 class Provider:
-    def __init__(self, name: str, base_url: str, *, api_key: Optional[str] = None,
-                 models: Optional[dict[str, str]] = None, default_model: Optional[str] = None,
-                 timeout_s: float = 600.0):
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        models: dict[str, str] | None = None,
+        default_model: str | None = None,
+        timeout_s: float = 600.0,
+    ):
         self.name = name
         self.label = FALLBACK_PREFIX + name
         self.base_url = base_url.rstrip("/")
@@ -34,7 +42,7 @@ class Provider:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
 
     @classmethod
-    def from_config(cls, config) -> "Provider":
+    def from_config(cls, config) -> Provider:
         api_key = None
         if config.api_key_env:
             api_key = os.environ.get(config.api_key_env)
@@ -43,10 +51,16 @@ class Provider:
                     f"fallback provider '{config.name}': environment variable "
                     f"{config.api_key_env} is not set; export the provider's key there"
                 )
-        return cls(config.name, config.base_url, api_key=api_key, models=config.models,
-                   default_model=config.default_model, timeout_s=config.timeout_s)
+        return cls(
+            config.name,
+            config.base_url,
+            api_key=api_key,
+            models=config.models,
+            default_model=config.default_model,
+            timeout_s=config.timeout_s,
+        )
 
-    def model_for(self, names: Iterable[str]) -> Optional[str]:
+    def model_for(self, names: Iterable[str]) -> str | None:
         """The provider's model for the first of ``names`` it maps, else its default."""
         for name in names:
             if name in self.models:
@@ -64,7 +78,7 @@ class Provider:
         return json.dumps(out).encode()
 
 
-def first_provider(providers: list[Provider], names: Iterable[str]) -> Optional[tuple[Provider, str]]:
+def first_provider(providers: list[Provider], names: Iterable[str]) -> tuple[Provider, str] | None:
     names = list(names)
     for provider in providers:
         model = provider.model_for(names)

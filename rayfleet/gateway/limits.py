@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from rayfleet.gateway.errors import RequestError
 
@@ -20,15 +20,15 @@ MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
 
 @dataclass(frozen=True)
 class Limits:
-    max_tokens: Optional[int] = None
+    max_tokens: int | None = None
     max_tokens_action: str = "reject"
-    max_n: Optional[int] = None
-    max_body_bytes: Optional[int] = None
-    max_messages: Optional[int] = None
+    max_n: int | None = None
+    max_body_bytes: int | None = None
+    max_messages: int | None = None
     check_context: bool = True
 
     @classmethod
-    def resolve(cls, base, override=None) -> "Limits":
+    def resolve(cls, base, override=None) -> Limits:
         """``gateway.limits`` with the fields ``override`` sets explicitly on top."""
         values = base.model_dump()
         if override is not None:
@@ -36,7 +36,7 @@ class Limits:
         return cls(**values)
 
 
-def requested_max_tokens(body: dict[str, Any]) -> Optional[int]:
+def requested_max_tokens(body: dict[str, Any]) -> int | None:
     for name in MAX_TOKENS_FIELDS:
         value = body.get(name)
         if value is not None:
@@ -78,20 +78,25 @@ def check_request(limits: Limits, body: dict[str, Any], num_items: int, model: s
     n = body.get("n")
     if limits.max_n is not None and n is not None and n > limits.max_n:
         raise RequestError(
-            400, f"n is {n}; the limit for '{model}' is {limits.max_n}.",
-            param="n", code="n_over_limit", reason="limit_n",
+            400,
+            f"n is {n}; the limit for '{model}' is {limits.max_n}.",
+            param="n",
+            code="n_over_limit",
+            reason="limit_n",
         )
     if limits.max_messages is not None and num_items > limits.max_messages:
         raise RequestError(
             400,
             f"The request has {num_items} messages; the limit for '{model}' is "
             f"{limits.max_messages}.",
-            param="messages", code="too_many_messages", reason="limit_messages",
+            param="messages",
+            code="too_many_messages",
+            reason="limit_messages",
         )
     return clamped
 
 
-def check_context(model: str, context: int, prompt_tokens: int, max_tokens: Optional[int]) -> None:
+def check_context(model: str, context: int, prompt_tokens: int, max_tokens: int | None) -> None:
     wanted = prompt_tokens + (max_tokens or 0)
     if wanted > context or prompt_tokens >= context:
         asked = f"{prompt_tokens} prompt tokens" + (
@@ -110,7 +115,7 @@ def check_context(model: str, context: int, prompt_tokens: int, max_tokens: Opti
 class TokenBucket:
     """``capacity`` units, refilled at ``capacity`` per ``period_s``."""
 
-    __slots__ = ("capacity", "rate_per_s", "level", "updated")
+    __slots__ = ("capacity", "level", "rate_per_s", "updated")
 
     def __init__(self, capacity: float, period_s: float = 60.0, now: float = 0.0):
         self.capacity = float(capacity)
@@ -141,8 +146,15 @@ class TokenBucket:
 class KeyQuota:
     """One API key's request rate, token rate and concurrency."""
 
-    def __init__(self, name: str, *, requests_per_minute=None, tokens_per_minute=None,
-                 max_concurrent=None, now: float = 0.0):
+    def __init__(
+        self,
+        name: str,
+        *,
+        requests_per_minute=None,
+        tokens_per_minute=None,
+        max_concurrent=None,
+        now: float = 0.0,
+    ):
         self.name = name
         self.requests = TokenBucket(requests_per_minute, 60.0, now) if requests_per_minute else None
         self.tokens = TokenBucket(tokens_per_minute, 60.0, now) if tokens_per_minute else None
@@ -158,24 +170,33 @@ class KeyQuota:
         if self.max_concurrent is not None and self.num_inflight >= self.max_concurrent:
             raise _rate_limited(
                 f"API key '{self.name}' already has {self.num_inflight} requests in flight "
-                f"(limit {self.max_concurrent}).", 1.0, "concurrency")
+                f"(limit {self.max_concurrent}).",
+                1.0,
+                "concurrency",
+            )
         waits = []
         if self.requests is not None:
-            waits.append(("requests per minute", self.requests.wait_s(1, now),
-                          self.requests.capacity))
+            waits.append(
+                ("requests per minute", self.requests.wait_s(1, now), self.requests.capacity)
+            )
         if self.tokens is not None:
-            waits.append(("tokens per minute", self.tokens.wait_s(num_tokens, now),
-                          self.tokens.capacity))
+            waits.append(
+                ("tokens per minute", self.tokens.wait_s(num_tokens, now), self.tokens.capacity)
+            )
         for what, wait, cap in waits:
             if wait == math.inf:
                 raise _rate_limited(
                     f"The request needs {num_tokens} tokens, more than API key '{self.name}' "
                     f"may use per minute ({cap:.0f}). Lower max_tokens or shorten the prompt.",
-                    60.0, "tokens")
+                    60.0,
+                    "tokens",
+                )
             if wait > 0:
                 raise _rate_limited(
-                    f"API key '{self.name}' is over its limit of {cap:.0f} {what}.", wait,
-                    what.split()[0])
+                    f"API key '{self.name}' is over its limit of {cap:.0f} {what}.",
+                    wait,
+                    what.split()[0],
+                )
         if self.requests is not None:
             self.requests.take(1, now)
         if self.tokens is not None:
@@ -188,6 +209,10 @@ class KeyQuota:
 
 def _rate_limited(message: str, wait_s: float, what: str) -> RequestError:
     retry_after = max(1, math.ceil(wait_s))
-    return RequestError(429, f"{message} Retry after {retry_after} s.",
-                        code="rate_limit_exceeded", reason=f"rate_limited_{what}",
-                        headers={"Retry-After": str(retry_after)})
+    return RequestError(
+        429,
+        f"{message} Retry after {retry_after} s.",
+        code="rate_limit_exceeded",
+        reason=f"rate_limited_{what}",
+        headers={"Retry-After": str(retry_after)},
+    )

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Optional
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from rayfleet.gateway.auth import ApiKey, KeyTable
@@ -39,29 +40,29 @@ Clock = Callable[[], datetime]
 class PriorityClass:
     name: str
     priority: int
-    timeout_s: Optional[float] = None
-    stream_idle_timeout_s: Optional[float] = None
+    timeout_s: float | None = None
+    stream_idle_timeout_s: float | None = None
 
 
 @dataclass(frozen=True)
 class FallbackWhen:
     on_no_replica: bool = True
     on_failure: bool = True
-    max_queue_depth: Optional[int] = None
+    max_queue_depth: int | None = None
 
 
 class RequestFacts:
     """What rules and limits read from one request, each computed at most once."""
 
-    __slots__ = ("path", "body", "priority_class", "_prompt", "_tokens", "_minute", "_policies")
+    __slots__ = ("_minute", "_policies", "_prompt", "_tokens", "body", "path", "priority_class")
 
-    def __init__(self, path: str, body: dict[str, Any], policies: "Policies"):
+    def __init__(self, path: str, body: dict[str, Any], policies: Policies):
         self.path = path
         self.body = body
-        self.priority_class: Optional[str] = None
-        self._prompt: Optional[Prompt] = None
-        self._tokens: dict[Optional[str], int] = {}
-        self._minute: Optional[int] = None
+        self.priority_class: str | None = None
+        self._prompt: Prompt | None = None
+        self._tokens: dict[str | None, int] = {}
+        self._minute: int | None = None
         self._policies = policies
 
     @property
@@ -70,7 +71,7 @@ class RequestFacts:
             self._prompt = prompt_of(self.path, self.body)
         return self._prompt
 
-    def prompt_tokens(self, model: Optional[str]) -> int:
+    def prompt_tokens(self, model: str | None) -> int:
         count = self._tokens.get(model)
         if count is None:
             count = self._tokens[model] = self._policies.counter.count(model, self.prompt)
@@ -89,12 +90,12 @@ class Admission:
     requested: str
     body: dict[str, Any]
     changed: bool = False
-    model: Optional[str] = None
-    provider: Optional[Provider] = None
-    provider_model: Optional[str] = None
-    route_rule: Optional[str] = None
-    priority_class: Optional[PriorityClass] = None
-    key: Optional[ApiKey] = None
+    model: str | None = None
+    provider: Provider | None = None
+    provider_model: str | None = None
+    route_rule: str | None = None
+    priority_class: PriorityClass | None = None
+    key: ApiKey | None = None
     clamped: bool = False
     fallback_reason: str = "rule"
 
@@ -118,7 +119,7 @@ class Policies:
     providers: list[Provider] = field(default_factory=list)
     fallback: FallbackWhen = field(default_factory=FallbackWhen)
     classes: dict[str, PriorityClass] = field(default_factory=dict)
-    default_class: Optional[str] = None
+    default_class: str | None = None
     priority_header: str = "x-rayfleet-priority"
     open_metrics: bool = True
     open_health: bool = True
@@ -131,11 +132,11 @@ class Policies:
     # -- building ----------------------------------------------------------------------
 
     @classmethod
-    def plain(cls, models: list[str]) -> "Policies":
+    def plain(cls, models: list[str]) -> Policies:
         return cls(models=list(models), default_limits=Limits(check_context=False))
 
     @classmethod
-    def from_fleet(cls, fleet, *, clock: Optional[Clock] = None) -> "Policies":
+    def from_fleet(cls, fleet, *, clock: Clock | None = None) -> Policies:
         """Compile ``fleet.gateway`` against ``fleet.models``. Reads key files and provider
         keys from the environment (ConfigError when missing); loads no tokenizer yet."""
         gw = fleet.gateway
@@ -158,11 +159,13 @@ class Policies:
             contexts=contexts,
             routes=routes,
             providers=[Provider.from_config(p) for p in gw.fallback.providers],
-            fallback=FallbackWhen(gw.fallback.on_no_replica, gw.fallback.on_failure,
-                                  gw.fallback.max_queue_depth),
-            classes={c.name: PriorityClass(c.name, c.priority, c.timeout_s,
-                                           c.stream_idle_timeout_s)
-                     for c in gw.priority_classes},
+            fallback=FallbackWhen(
+                gw.fallback.on_no_replica, gw.fallback.on_failure, gw.fallback.max_queue_depth
+            ),
+            classes={
+                c.name: PriorityClass(c.name, c.priority, c.timeout_s, c.stream_idle_timeout_s)
+                for c in gw.priority_classes
+            },
             default_class=gw.default_priority_class,
             priority_header=gw.priority_header,
             open_metrics=gw.open_metrics,
@@ -183,21 +186,31 @@ class Policies:
 
     def tokenizers_needed(self) -> list[str]:
         """Models whose tokenizer a policy may use; load them once at start."""
-        needed = {m for m in self.models
-                  if m in self.contexts and self.limits.get(m, self.default_limits).check_context}
+        needed = {
+            m
+            for m in self.models
+            if m in self.contexts and self.limits.get(m, self.default_limits).check_context
+        }
         for route in self.routes.values():
             needed |= {r.tokenizer for r in route.rules if r.counts_tokens and r.tokenizer}
         return sorted(needed & set(self.models))
 
     # -- per request -------------------------------------------------------------------
 
-    def authenticate(self, headers) -> Optional[ApiKey]:
+    def authenticate(self, headers) -> ApiKey | None:
         if not self.keys:
             return None
         return self.keys.authenticate(headers.get("Authorization"))
 
-    def admit(self, path: str, parsed: ParsedRequest, num_bytes: int, headers,
-              usable: Callable[[str], bool], key: Optional[ApiKey] = None) -> Admission:
+    def admit(
+        self,
+        path: str,
+        parsed: ParsedRequest,
+        num_bytes: int,
+        headers,
+        usable: Callable[[str], bool],
+        key: ApiKey | None = None,
+    ) -> Admission:
         requested, body = parsed.model, parsed.body
         self._check_name(requested)
         if key is not None:
@@ -206,7 +219,8 @@ class Policies:
         check_body_size(limits, num_bytes, requested)
         admission = Admission(requested=requested, body=body, key=None)
         admission.clamped = admission.changed = check_request(
-            limits, body, _num_items(path, body), requested)
+            limits, body, _num_items(path, body), requested
+        )
         facts = RequestFacts(path, body, self)
         admission.priority_class = self._priority_class(key, headers)
         facts.priority_class = admission.priority_class.name if admission.priority_class else None
@@ -218,17 +232,23 @@ class Policies:
             decision = route.decide(facts, usable)
             if decision is None:
                 raise RequestError(
-                    503, f"No rule of route '{requested}' has a healthy target right now, and "
+                    503,
+                    f"No rule of route '{requested}' has a healthy target right now, and "
                     "the route has no fallback. Retry shortly, or check `rayfleet status`.",
-                    code="no_route_target", reason="no_route_target")
+                    code="no_route_target",
+                    reason="no_route_target",
+                )
             admission.route_rule = decision.rule
             if decision.provider is not None:
                 admission.provider = next(p for p in self.providers if p.name == decision.provider)
                 admission.provider_model = admission.provider.model_for([requested])
                 if admission.provider_model is None:
                     raise RequestError(
-                        503, f"Fallback provider '{decision.provider}' maps no model for "
-                        f"'{requested}'.", code="no_provider_model", reason="no_provider_model")
+                        503,
+                        f"Fallback provider '{decision.provider}' maps no model for '{requested}'.",
+                        code="no_provider_model",
+                        reason="no_provider_model",
+                    )
             else:
                 admission.model = decision.model
                 body["model"] = decision.model
@@ -248,7 +268,7 @@ class Policies:
             admission.changed = True
         return admission
 
-    def fallback_for(self, admission: Admission) -> Optional[tuple[Provider, str]]:
+    def fallback_for(self, admission: Admission) -> tuple[Provider, str] | None:
         names = [admission.requested]
         if admission.model and admission.model != admission.requested:
             names.insert(0, admission.model)
@@ -258,10 +278,14 @@ class Policies:
         if model in self.models or model in self.routes:
             return
         raise RequestError(
-            404, f"The model '{model}' does not exist. Models served: {', '.join(self.names)}.",
-            param="model", code="model_not_found", reason="unknown_model")
+            404,
+            f"The model '{model}' does not exist. Models served: {', '.join(self.names)}.",
+            param="model",
+            code="model_not_found",
+            reason="unknown_model",
+        )
 
-    def _priority_class(self, key: Optional[ApiKey], headers) -> Optional[PriorityClass]:
+    def _priority_class(self, key: ApiKey | None, headers) -> PriorityClass | None:
         if not self.classes:
             return None
         name = key.priority_class if key is not None else None
@@ -269,14 +293,17 @@ class Policies:
             name = headers.get(self.priority_header)
             if name is not None and name not in self.classes:
                 raise RequestError(
-                    400, f"Unknown priority class '{name}' in {self.priority_header}; "
+                    400,
+                    f"Unknown priority class '{name}' in {self.priority_header}; "
                     f"classes: {', '.join(self.classes)}.",
-                    param=self.priority_header, code="unknown_priority_class",
-                    reason="bad_request")
+                    param=self.priority_header,
+                    code="unknown_priority_class",
+                    reason="bad_request",
+                )
         name = name or self.default_class
         return self.classes.get(name) if name else None
 
-    def _check_context(self, model: str, facts: RequestFacts, max_tokens: Optional[int]) -> None:
+    def _check_context(self, model: str, facts: RequestFacts, max_tokens: int | None) -> None:
         context = self.contexts.get(model)
         if context is None or not self.limits.get(model, self.default_limits).check_context:
             return
@@ -287,8 +314,14 @@ class Policies:
             return
         check_context(model, context, facts.prompt_tokens(model), max_tokens)
 
-    def _charge(self, key: ApiKey, facts: RequestFacts, model: Optional[str],
-                max_tokens: Optional[int], limits: Limits) -> None:
+    def _charge(
+        self,
+        key: ApiKey,
+        facts: RequestFacts,
+        model: str | None,
+        max_tokens: int | None,
+        limits: Limits,
+    ) -> None:
         num_tokens = 0
         if key.quota.counts_tokens:
             output = max_tokens or limits.max_tokens or self.contexts.get(model or "", 0)
@@ -297,7 +330,9 @@ class Policies:
 
 
 def _num_items(path: str, body: dict[str, Any]) -> int:
-    field_name = {"/v1/chat/completions": "messages", "/v1/completions": "prompt"}.get(path, "input")
+    field_name = {"/v1/chat/completions": "messages", "/v1/completions": "prompt"}.get(
+        path, "input"
+    )
     value = body.get(field_name)
     if isinstance(value, list) and not (value and isinstance(value[0], int)):
         return len(value)

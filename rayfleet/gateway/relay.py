@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Optional
 from urllib.parse import urlsplit
 
 import httptools
@@ -50,7 +49,7 @@ class Upstream(asyncio.Protocol):
 
     def __init__(self, key: tuple[str, int]):
         self.key = key
-        self.transport: Optional[asyncio.Transport] = None
+        self.transport: asyncio.Transport | None = None
         self.idle_since = 0.0
         self.pauses = 0  # times reading was paused for a slow client, over its lifetime
         self._parser = httptools.HttpResponseParser(self)
@@ -60,7 +59,7 @@ class Upstream(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self.status = 0
         self.content_type = "application/json"
-        self.charset: Optional[str] = None
+        self.charset: str | None = None
         self.chunked = False
         self.last_piece = b""
         self.first_at = 0.0  # time.perf_counter() of the first piece of body
@@ -68,7 +67,7 @@ class Upstream(asyncio.Protocol):
         self._head = loop.create_future()
         self._head.add_done_callback(_retrieve)  # a failure nobody waits for is not news
         self._done = loop.create_future()
-        self._first: Optional[asyncio.Future] = None
+        self._first: asyncio.Future | None = None
         self._pieces: list[bytes] = []
         self._sink = None
         self._complete = False
@@ -164,6 +163,7 @@ class Upstream(asyncio.Protocol):
             return "client_gone"
         raw = transport.write
         if response.chunked:
+
             def write(piece: bytes) -> None:
                 raw(b"%x\r\n%b\r\n" % (len(piece), piece))
         else:
@@ -194,7 +194,7 @@ class Upstream(asyncio.Protocol):
 
     # -- timers and flow control ------------------------------------------------------
 
-    def arm(self, total_s: Optional[float], idle_s: Optional[float], started: float) -> None:
+    def arm(self, total_s: float | None, idle_s: float | None, started: float) -> None:
         """Time out the request ``total_s`` after ``started``, or after ``idle_s`` without
         a byte from the upstream (the head included, as aiohttp's sock_read)."""
         loop = asyncio.get_running_loop()
@@ -218,7 +218,7 @@ class Upstream(asyncio.Protocol):
     def _time_out(self) -> None:
         if not self._done.done():
             if not self._head.done():
-                self._head.set_exception(asyncio.TimeoutError())
+                self._head.set_exception(TimeoutError())
             self._settle("timeout")
             self.close()
 
@@ -260,14 +260,18 @@ class Upstream(asyncio.Protocol):
             self._first.set_result(None)
 
     def reusable(self) -> bool:
-        return (self._complete and self._reusable and self.transport is not None
-                and not self.transport.is_closing())
+        return (
+            self._complete
+            and self._reusable
+            and self.transport is not None
+            and not self.transport.is_closing()
+        )
 
 
 class RelayPool:
     """Keep-alive connections to the replicas, a stack of idle ones per host and port."""
 
-    def __init__(self, connect_timeout_s: Optional[float]):
+    def __init__(self, connect_timeout_s: float | None):
         self.connect_timeout_s = connect_timeout_s
         self._idle: dict[tuple[str, int], list[Upstream]] = {}
 
@@ -282,8 +286,8 @@ class RelayPool:
         body: bytes,
         headers: dict,
         *,
-        total_s: Optional[float],
-        idle_s: Optional[float],
+        total_s: float | None,
+        idle_s: float | None,
     ) -> Upstream:
         """Send a POST and wait for the response head; see the module docstring."""
         started = time.monotonic()
@@ -303,8 +307,9 @@ class RelayPool:
         return await self._exchange(up, head, body, total_s, idle_s, started)
 
     @staticmethod
-    async def _exchange(up: Upstream, head: bytes, body: bytes, total_s, idle_s,
-                        started) -> Upstream:
+    async def _exchange(
+        up: Upstream, head: bytes, body: bytes, total_s, idle_s, started
+    ) -> Upstream:
         """Send the request on ``up`` and wait for the response head; close it on failure."""
         up.arm(total_s, idle_s, started)
         up.send(head, body)
@@ -323,14 +328,15 @@ class RelayPool:
             limit = left if limit is None else min(limit, left)
         try:
             _, up = await asyncio.wait_for(
-                loop.create_connection(lambda: Upstream(key), *key), limit)
-        except asyncio.TimeoutError:
+                loop.create_connection(lambda: Upstream(key), *key), limit
+            )
+        except TimeoutError:
             raise UpstreamConnectError(f"no connection to {key[0]}:{key[1]} within {limit:g} s")
         except OSError as exc:
             raise UpstreamConnectError(f"cannot connect to {key[0]}:{key[1]}: {exc}") from None
         return up
 
-    def _take_idle(self, key) -> Optional[Upstream]:
+    def _take_idle(self, key) -> Upstream | None:
         stack = self._idle.get(key)
         now = time.monotonic()
         while stack:

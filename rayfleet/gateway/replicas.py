@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
 
 
 @dataclass
@@ -51,8 +51,9 @@ class Replica:
 
 
 class ReplicaSet:
-    def __init__(self, models: Iterable[str], *, cooldown_s: float = 5.0,
-                 max_consecutive_failures: int = 1):
+    def __init__(
+        self, models: Iterable[str], *, cooldown_s: float = 5.0, max_consecutive_failures: int = 1
+    ):
         self.models = list(models)
         self.cooldown_s = cooldown_s
         self.max_consecutive_failures = max_consecutive_failures
@@ -83,7 +84,7 @@ class ReplicaSet:
             by_model[replica.model].append(replica)
         self._by_model = by_model
 
-    def replicas(self, model: Optional[str] = None) -> list[Replica]:
+    def replicas(self, model: str | None = None) -> list[Replica]:
         if model is None:
             return list(self._by_id.values())
         return list(self._by_model.get(model, ()))
@@ -92,11 +93,13 @@ class ReplicaSet:
         now = time.monotonic()
         return sum(r.healthy(now) for r in self._by_model.get(model, ()))
 
-    def pick(self, model: str, exclude: Iterable[str] = ()) -> Optional[Replica]:
+    def pick(self, model: str, exclude: Iterable[str] = ()) -> Replica | None:
         """The healthy replica with the fewest requests in flight."""
         now = time.monotonic()
         candidates = [
-            r for r in self._by_model.get(model, ()) if r.healthy(now) and r.replica_id not in exclude
+            r
+            for r in self._by_model.get(model, ())
+            if r.healthy(now) and r.replica_id not in exclude
         ]
         if not candidates:
             return None

@@ -11,15 +11,16 @@ after the last rule the route's fallback provider is used, if it has one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Optional, Protocol
+from typing import Protocol
 
 from rayfleet.gateway.fallback import FALLBACK_PREFIX
 
 
 class Facts(Protocol):
-    priority_class: Optional[str]
+    priority_class: str | None
 
     def minute_of_day(self) -> int: ...
 
@@ -51,24 +52,25 @@ def minute_of_day(now: datetime) -> int:
 @dataclass(frozen=True)
 class Rule:
     name: str
-    target: str                         # a model, or the provider's name when provider is set
-    provider: Optional[str] = None
-    tokens_below: Optional[int] = None
-    tokens_at_least: Optional[int] = None
-    classes: Optional[frozenset[str]] = None
-    window: Optional[DailyWindow] = None
-    tokenizer: Optional[str] = None     # model whose tokenizer counts the prompt
+    target: str  # a model, or the provider's name when provider is set
+    provider: str | None = None
+    tokens_below: int | None = None
+    tokens_at_least: int | None = None
+    classes: frozenset[str] | None = None
+    window: DailyWindow | None = None
+    tokenizer: str | None = None  # model whose tokenizer counts the prompt
 
     @classmethod
-    def from_config(cls, config, route_tokenizer: Optional[str]) -> "Rule":
+    def from_config(cls, config, route_tokenizer: str | None) -> Rule:
         provider = None
         target = config.target
         if target.startswith(FALLBACK_PREFIX):
             provider = target.removeprefix(FALLBACK_PREFIX)
         window = None
         if config.time_of_day is not None:
-            window = DailyWindow(parse_clock(config.time_of_day.start),
-                                 parse_clock(config.time_of_day.end))
+            window = DailyWindow(
+                parse_clock(config.time_of_day.start), parse_clock(config.time_of_day.end)
+            )
         return cls(
             name=config.name,
             target=target,
@@ -101,27 +103,27 @@ class Rule:
 
 @dataclass(frozen=True)
 class Decision:
-    rule: str                      # what x-rayfleet-route says
-    model: Optional[str] = None    # a model of the fleet ...
-    provider: Optional[str] = None  # ... or a fallback provider
+    rule: str  # what x-rayfleet-route says
+    model: str | None = None  # a model of the fleet ...
+    provider: str | None = None  # ... or a fallback provider
 
 
 @dataclass(frozen=True)
 class Route:
     name: str
     rules: tuple[Rule, ...]
-    fallback: Optional[str] = None
-    tokenizer: Optional[str] = None
+    fallback: str | None = None
+    tokenizer: str | None = None
 
     @classmethod
-    def from_config(cls, config) -> "Route":
+    def from_config(cls, config) -> Route:
         tokenizer = config.tokenizer or next(
             (r.target for r in config.rules if not r.target.startswith(FALLBACK_PREFIX)), None
         )
         rules = tuple(Rule.from_config(r, tokenizer) for r in config.rules)
         return cls(config.name, rules, config.fallback, tokenizer)
 
-    def decide(self, facts: Facts, usable: Callable[[str], bool]) -> Optional[Decision]:
+    def decide(self, facts: Facts, usable: Callable[[str], bool]) -> Decision | None:
         """The first rule that holds with a usable target, else the route's fallback."""
         for rule in self.rules:
             if not rule.holds(facts):

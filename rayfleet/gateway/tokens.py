@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 log = logging.getLogger("rayfleet.gateway")
 
@@ -27,13 +27,13 @@ BYTES_PER_TOKEN_ESTIMATE = 4
 class Prompt:
     """What the model reads from one request: text, and token ids given as such."""
 
-    __slots__ = ("text", "num_id_tokens", "num_items", "_num_bytes")
+    __slots__ = ("_num_bytes", "num_id_tokens", "num_items", "text")
 
     def __init__(self, text: str, num_id_tokens: int = 0, num_items: int = 1):
         self.text = text
         self.num_id_tokens = num_id_tokens
         self.num_items = num_items
-        self._num_bytes: Optional[int] = None
+        self._num_bytes: int | None = None
 
     @property
     def num_bytes(self) -> int:
@@ -74,7 +74,8 @@ def _message_text(message: Any) -> str:
         return content
     if isinstance(content, list):
         return "\n".join(
-            part.get("text", "") for part in content
+            part.get("text", "")
+            for part in content
             if isinstance(part, dict) and isinstance(part.get("text"), str)
         )
     return ""
@@ -87,7 +88,7 @@ class TokenCounter:
         self.sources = dict(sources)
         self._encoders: dict[str, Any] = {}
 
-    def load(self, models: Optional[list[str]] = None) -> None:
+    def load(self, models: list[str] | None = None) -> None:
         """Load the tokenizers of ``models`` (default: all). Blocking; call off the loop."""
         for model in models if models is not None else list(self.sources):
             if model not in self._encoders and model in self.sources:
@@ -119,12 +120,16 @@ def _load_encoder(source: str):
         tokenizer = AutoTokenizer.from_pretrained(str(path) if path.exists() else source)
         return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
     except Exception as exc:  # an unreachable hub id must not stop the gateway
-        log.warning("no tokenizer for %s (%s); estimating %d bytes per token",
-                    source, type(exc).__name__, BYTES_PER_TOKEN_ESTIMATE)
+        log.warning(
+            "no tokenizer for %s (%s); estimating %d bytes per token",
+            source,
+            type(exc).__name__,
+            BYTES_PER_TOKEN_ESTIMATE,
+        )
         return None
 
 
-def context_length(source: str, engine_args: dict[str, Any]) -> Optional[int]:
+def context_length(source: str, engine_args: dict[str, Any]) -> int | None:
     """The model's context: engine_args max_model_len, else config.json, else None."""
     value = engine_args.get("max_model_len")
     if isinstance(value, int) and not isinstance(value, bool):

@@ -68,8 +68,14 @@ def parse_request(path: str, raw: bytes) -> ParsedRequest:
     return ParsedRequest(model=model, stream=bool(body.get("stream", False)), body=body)
 
 
-_JSON_TYPES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean",
-               list: "an array", dict: "an object"}
+_JSON_TYPES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+    list: "an array",
+    dict: "an object",
+}
 
 
 def _type_message(field: str, expected: str, value: Any) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -22,10 +21,10 @@ def plan(
         "config is in the local Hugging Face cache. Nothing is downloaded.",
         show_default=False,
     ),
-    gpus_per_node: Optional[int] = typer.Option(
+    gpus_per_node: int | None = typer.Option(
         None, min=1, help="GPUs in each node. Required unless --from-cluster.", rich_help_panel=_HW
     ),
-    gpu_memory_gib: Optional[float] = typer.Option(
+    gpu_memory_gib: float | None = typer.Option(
         None,
         min=0.001,
         help="Memory of one GPU in GiB (80 for H100 80GB, 141 for H200). Required unless "
@@ -57,17 +56,17 @@ def plan(
     ray_address: str = typer.Option(
         "auto", help="Ray cluster address for --from-cluster.", rich_help_panel=_HW
     ),
-    context_len: Optional[int] = typer.Option(
+    context_len: int | None = typer.Option(
         None,
         min=1,
         help="Tokens per sequence (prompt + output) to hold in KV cache; becomes vLLM's "
         "max_model_len. Default: the model's max context.",
         rich_help_panel=_WORK,
     ),
-    concurrency: Optional[int] = typer.Option(
+    concurrency: int | None = typer.Option(
         None, min=1, help="Target concurrent sequences across all replicas.", rich_help_panel=_WORK
     ),
-    request_rate: Optional[float] = typer.Option(
+    request_rate: float | None = typer.Option(
         None,
         min=0.0,
         help="Target requests per second; turned into concurrency with Little's law "
@@ -88,7 +87,7 @@ def plan(
         help="Weights and activations dtype: auto (the config's), bfloat16, float16, float32.",
         rich_help_panel=_ENGINE,
     ),
-    quantization: Optional[str] = typer.Option(
+    quantization: str | None = typer.Option(
         None,
         help="How linear weights are stored, overriding config.json: none, fp8, int8, awq, "
         "gptq, int4. fp8 on an unquantized checkpoint means vLLM's online fp8.",
@@ -104,7 +103,7 @@ def plan(
         help="Fraction of each GPU's memory vLLM may use (weights, activations, KV cache).",
         rich_help_panel=_ENGINE,
     ),
-    kv_cache_gib: Optional[float] = typer.Option(
+    kv_cache_gib: float | None = typer.Option(
         None,
         min=0.0,
         help="Fixed KV cache per GPU in GiB instead of what the utilization leaves "
@@ -112,7 +111,10 @@ def plan(
         rich_help_panel=_ENGINE,
     ),
     block_size: int = typer.Option(
-        16, min=1, help="KV cache block size in tokens (vLLM's --block-size).", rich_help_panel=_ENGINE
+        16,
+        min=1,
+        help="KV cache block size in tokens (vLLM's --block-size).",
+        rich_help_panel=_ENGINE,
     ),
     max_num_batched_tokens: int = typer.Option(
         8192,
@@ -126,12 +128,12 @@ def plan(
     as_json: bool = typer.Option(
         False, "--json", help="Print the plan as JSON instead of tables.", rich_help_panel=_OUT
     ),
-    emit: Optional[Path] = typer.Option(
+    emit: Path | None = typer.Option(
         None,
         help="Write the chosen layout as a fleet.yaml model entry to this file.",
         rich_help_panel=_OUT,
     ),
-    name: Optional[str] = typer.Option(
+    name: str | None = typer.Option(
         None,
         help="Served model name in the --emit entry. Default: from the model's path or id.",
         rich_help_panel=_OUT,
@@ -153,8 +155,13 @@ def plan(
 
     spec = load_model_spec(model, dtype=dtype, quantization=quantization)
     hardware = _hardware(
-        from_cluster, ray_address, gpus_per_node, gpu_memory_gib, nodes,
-        intra_node_gbps, inter_node_gbps,
+        from_cluster,
+        ray_address,
+        gpus_per_node,
+        gpu_memory_gib,
+        nodes,
+        intra_node_gbps,
+        inter_node_gbps,
     )
     workload = Workload(
         context_len=context_len or spec.max_context,
@@ -218,7 +225,10 @@ def _hardware(
         return read_cluster(ray_address, flags)
     missing = [
         flag
-        for flag, value in (("--gpus-per-node", gpus_per_node), ("--gpu-memory-gib", gpu_memory_gib))
+        for flag, value in (
+            ("--gpus-per-node", gpus_per_node),
+            ("--gpu-memory-gib", gpu_memory_gib),
+        )
         if value is None
     ]
     if missing:

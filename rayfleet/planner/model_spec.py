@@ -17,7 +17,14 @@ from typing import Any
 from rayfleet.errors import ConfigError
 
 # Bytes per weight for each way a checkpoint can be stored.
-DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+DTYPE_BYTES = {
+    "float32": 4.0,
+    "bfloat16": 2.0,
+    "float16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "int4": 0.5,
+}
 _DTYPE_ALIASES = {
     "fp32": "float32",
     "float": "float32",
@@ -119,7 +126,9 @@ def load_model_spec(
     """
     path = find_config(source)
     config = _read_json(path)
-    return spec_from_config(config, path=path, source=source, dtype=dtype, quantization=quantization)
+    return spec_from_config(
+        config, path=path, source=source, dtype=dtype, quantization=quantization
+    )
 
 
 def find_config(source: str) -> Path:
@@ -292,12 +301,12 @@ def _base_dtype(config: dict[str, Any], path: Path, override: str) -> str:
     if override and override != "auto":
         chosen, field = normalize_dtype(override), "--dtype"
     else:
-        chosen = normalize_dtype(str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"))
+        chosen = normalize_dtype(
+            str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+        )
         field = "torch_dtype"
     if chosen not in ("float32", "bfloat16", "float16"):
-        raise ConfigError(
-            f"{path}: {field} '{chosen}' is not one of float32, bfloat16, float16"
-        )
+        raise ConfigError(f"{path}: {field} '{chosen}' is not one of float32, bfloat16, float16")
     return chosen
 
 

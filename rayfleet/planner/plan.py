@@ -238,7 +238,9 @@ def model_reason(spec: ModelSpec) -> str:
     kv_kib = kv_bytes_per_token(spec) / 1024
     moe = ""
     if spec.experts.is_moe:
-        moe = f", {spec.experts.num_experts} experts ({spec.experts.num_experts_per_token} per token)"
+        moe = (
+            f", {spec.experts.num_experts} experts ({spec.experts.num_experts_per_token} per token)"
+        )
     return (
         f"{spec.name}: {params / 1e9:.2f}B parameters{moe}, {spec.weight_format} weights "
         f"{_gib(total_weight_bytes(spec) / GiB)} in all; KV cache {kv_kib:.1f} KiB per token "

@@ -57,7 +57,10 @@ def _model_table(plan: Plan) -> Table:
             f"{model['attention']}: {model['attention_heads']} heads, "
             f"{model['kv_heads']} KV heads, head_dim {model['head_dim']}",
         ),
-        ("weights", f"{model['weight_format']} ({model['dtype']} activations), {model['weights_gib']:.2f} GiB"),
+        (
+            "weights",
+            f"{model['weight_format']} ({model['dtype']} activations), {model['weights_gib']:.2f} GiB",
+        ),
         ("KV cache per token", f"{model['kv_bytes_per_token'] / 1024:.1f} KiB"),
         ("max context", f"{model['max_context']:,}"),
     ]
@@ -75,8 +78,17 @@ def _layout_table(layouts: list[Layout], chosen: Layout | None) -> Table:
         title_justify="left",
     )
     for header in (
-        "TP", "PP", "GPUs", "nodes", "replicas", "weights GiB", "KV GiB",
-        "KV tokens", "seqs", "comm us", "Ray",
+        "TP",
+        "PP",
+        "GPUs",
+        "nodes",
+        "replicas",
+        "weights GiB",
+        "KV GiB",
+        "KV tokens",
+        "seqs",
+        "comm us",
+        "Ray",
     ):
         table.add_column(header, justify="right")
     for layout in layouts:

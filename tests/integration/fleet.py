@@ -1,9 +1,9 @@
 """Start a real fleet for a test module: `rayfleet up --detach` in a private RAYFLEET_HOME.
 
-    with running_fleet(tmp_dir, models=[...]) as fleet:
-        fleet.base_url        # http://127.0.0.1:PORT/v1
-        fleet.status()        # `rayfleet status --json`, parsed
-        fleet.cli("down")     # any rayfleet command with this fleet's environment
+with running_fleet(tmp_dir, models=[...]) as fleet:
+    fleet.base_url        # http://127.0.0.1:PORT/v1
+    fleet.status()        # `rayfleet status --json`, parsed
+    fleet.cli("down")     # any rayfleet command with this fleet's environment
 """
 
 from __future__ import annotations

@@ -119,7 +119,10 @@ def run_rayfleet_bench(url: str, tokenizer: Path, out: Path, seed: int, *extra: 
     # (about 20%) lower at this load.
     env = {**os.environ, "RAYFLEET_BENCH_EVENT_LOOP": "asyncio"}
     done = subprocess.run(
-        [sys.executable, "-m", "rayfleet.cli", *args], capture_output=True, text=True, timeout=600,
+        [sys.executable, "-m", "rayfleet.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
         env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
@@ -236,7 +239,10 @@ def test_chat_endpoint_and_prefix_dataset(vllm_tiny, tiny_model, tmp_path):
     # (about 20%) lower at this load.
     env = {**os.environ, "RAYFLEET_BENCH_EVENT_LOOP": "asyncio"}
     done = subprocess.run(
-        [sys.executable, "-m", "rayfleet.cli", *args], capture_output=True, text=True, timeout=600,
+        [sys.executable, "-m", "rayfleet.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
         env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]

@@ -33,8 +33,10 @@ SMALL_LINKS = dict(net_seconds=0.5, net_max_bytes=64 * 1024**2)
 
 def start_cluster(workers: list[dict], head_env: dict | None = None) -> tuple[Cluster, list]:
     """A head and one raylet per entry of ``workers`` (keyword arguments of ``add_node``)."""
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": False, "env_vars": head_env or {}})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": False, "env_vars": head_env or {}},
+    )
     try:
         nodes = [cluster.add_node(**{"num_cpus": 1, **args}) for args in workers]
         cluster.wait_for_nodes()
@@ -65,8 +67,9 @@ def write_fleet(path: Path, source: str, gateway_port: int, **model) -> Path:
 
 
 def rows(report, check: str, node_id: str | None = None):
-    return [r for r in report.results
-            if r.check == check and (node_id is None or r.node_id == node_id)]
+    return [
+        r for r in report.results if r.check == check and (node_id is None or r.node_id == node_id)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -80,18 +83,29 @@ def faulty(tmp_path_factory):
     (model / "config.json").write_text("{}")
     bare_home.mkdir()
     stray = stray_vllm(base / "stray-site")
-    cluster, (stray_node, bare_node) = start_cluster(head_env={"HOME": str(head_home)}, workers=[
-        {"env_vars": {"HOME": str(head_home), "PYTHONPATH": str(stray),
-                      "NCCL_SOCKET_IFNAME": "bogus0"}},
-        {"env_vars": {"HOME": str(bare_home)}, "num_gpus": 1},
-    ])
+    cluster, (stray_node, bare_node) = start_cluster(
+        head_env={"HOME": str(head_home)},
+        workers=[
+            {
+                "env_vars": {
+                    "HOME": str(head_home),
+                    "PYTHONPATH": str(stray),
+                    "NCCL_SOCKET_IFNAME": "bogus0",
+                }
+            },
+            {"env_vars": {"HOME": str(bare_home)}, "num_gpus": 1},
+        ],
+    )
     busy = socket.socket()
     busy.bind(("0.0.0.0", 0))
     busy.listen(1)
     try:
         yield {
-            "cluster": cluster, "base": base, "busy_port": busy.getsockname()[1],
-            "head": cluster.head_node.node_id, "stray": stray_node.node_id,
+            "cluster": cluster,
+            "base": base,
+            "busy_port": busy.getsockname()[1],
+            "head": cluster.head_node.node_id,
+            "stray": stray_node.node_id,
             "bare": bare_node.node_id,
         }
     finally:
@@ -102,13 +116,18 @@ def faulty(tmp_path_factory):
 @pytest.fixture(scope="module")
 def faulty_report(faulty, tmp_path_factory):
     home = tmp_path_factory.mktemp("rayfleet-home")
-    fleet_yaml = write_fleet(faulty["base"] / "fleet.yaml", "~/models/tiny", faulty["busy_port"],
-                             engine_args="{tensor_parallel_size: 2}")
+    fleet_yaml = write_fleet(
+        faulty["base"] / "fleet.yaml",
+        "~/models/tiny",
+        faulty["busy_port"],
+        engine_args="{tensor_parallel_size: 2}",
+    )
     old = os.environ.get("RAYFLEET_HOME")
     os.environ["RAYFLEET_HOME"] = str(home)
     try:
-        report = run_doctor(DoctorOptions(address=faulty["cluster"].address, **SMALL_LINKS),
-                            load_fleet(fleet_yaml))
+        report = run_doctor(
+            DoctorOptions(address=faulty["cluster"].address, **SMALL_LINKS), load_fleet(fleet_yaml)
+        )
     finally:
         if old is None:
             os.environ.pop("RAYFLEET_HOME")
@@ -133,7 +152,8 @@ def test_wrong_socket_ifname_fails_on_its_node(faulty, faulty_report):
     assert "NCCL_SOCKET_IFNAME=bogus0 matches no interface" in bad.value
     assert "lo" in bad.value
     assert {r.status for r in rows(faulty_report, "nccl") if r.node_id != faulty["stray"]} == {
-        Status.OK}
+        Status.OK
+    }
 
 
 def test_model_missing_on_one_node(faulty, faulty_report):
@@ -162,7 +182,10 @@ def test_busy_gateway_port_fails_on_the_head_only(faulty, faulty_report):
 def test_shm_and_disk_measured_on_every_node(faulty, faulty_report):
     for check in ("shm", "disk"):
         assert {r.node_id for r in rows(faulty_report, check)} == {
-            faulty["head"], faulty["stray"], faulty["bare"]}
+            faulty["head"],
+            faulty["stray"],
+            faulty["bare"],
+        }
     shm = os.statvfs("/dev/shm")
     expected = f"/dev/shm {shm.f_blocks * shm.f_frsize / 1024**3:.1f} GiB"
     assert {r.value.split(";")[0] for r in rows(faulty_report, "shm")} == {expected}
@@ -177,7 +200,7 @@ def test_links_measured_between_every_pair_and_saved(faulty, faulty_report):
     assert set(saved) == {"measured_at", "pairs"}
     pairs = {frozenset((p["src_node"], p["dst_node"])) for p in saved["pairs"]}
     ids = [faulty["head"], faulty["stray"], faulty["bare"]]
-    assert pairs == {frozenset((a, b)) for i, a in enumerate(ids) for b in ids[i + 1:]}
+    assert pairs == {frozenset((a, b)) for i, a in enumerate(ids) for b in ids[i + 1 :]}
     for pair in saved["pairs"]:
         assert set(pair) == {"src_node", "dst_node", "src_ip", "dst_ip", "gbps", "rtt_ms"}
         assert pair["gbps"] > 0.05
@@ -187,9 +210,25 @@ def test_links_measured_between_every_pair_and_saved(faulty, faulty_report):
 def test_cli_json_and_exit_code(faulty, tmp_path):
     fleet_yaml = write_fleet(tmp_path / "fleet.yaml", "~/models/tiny", faulty["busy_port"])
     done = subprocess.run(
-        [sys.executable, "-m", "rayfleet.cli", "doctor", "--address", faulty["cluster"].address,
-         "-c", str(fleet_yaml), "--json", "--net-seconds", "0.5", "--net-max-mib", "64"],
-        capture_output=True, text=True, timeout=180, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "rayfleet.cli",
+            "doctor",
+            "--address",
+            faulty["cluster"].address,
+            "-c",
+            str(fleet_yaml),
+            "--json",
+            "--net-seconds",
+            "0.5",
+            "--net-max-mib",
+            "64",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
         env={**os.environ, "RAYFLEET_HOME": str(tmp_path / "home")},
     )
     assert done.returncode == 1, done.stderr[-2000:]
@@ -218,8 +257,7 @@ def test_frozen_node_is_a_failure_not_a_hang(tmp_path):
     assert elapsed_s < 30
     [frozen] = rows(report, "node", worker.node_id)
     assert frozen.status is Status.FAIL and frozen.value == "did not answer within 5 s"
-    assert {r.status for r in report.results if r.node_id == head_id} == {
-        Status.OK}
+    assert {r.status for r in report.results if r.node_id == head_id} == {Status.OK}
     [cpu_only] = [r for r in rows(report, "gpus") if r.node == "cluster"]
     assert cpu_only.status is Status.INFO and cpu_only.value.startswith("CPU-only cluster")
     assert rows(report, "network") == []  # nothing to pair the head with
@@ -229,9 +267,23 @@ def test_node_killed_during_the_run(tmp_path):
     cluster, (victim, _) = start_cluster(workers=[{}, {}])
     victim_id = victim.node_id
     doctor = subprocess.Popen(
-        [sys.executable, "-m", "rayfleet.cli", "doctor", "--address", cluster.address, "--json",
-         "--net-seconds", "2", "--net-max-mib", "100000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "rayfleet.cli",
+            "doctor",
+            "--address",
+            cluster.address,
+            "--json",
+            "--net-seconds",
+            "2",
+            "--net-max-mib",
+            "100000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
         env={**os.environ, "RAYFLEET_HOME": str(tmp_path / "home")},
     )
     ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
@@ -250,8 +302,11 @@ def test_node_killed_during_the_run(tmp_path):
     assert doctor.returncode == 1, err[-2000:]
     assert after_kill_s < 60
     report = json.loads(out)
-    victim_fails = [r for r in report["results"] if r["status"] == "fail"
-                    and (r["node_id"] == victim_id or victim_id[:6] in r["node"])]
+    victim_fails = [
+        r
+        for r in report["results"]
+        if r["status"] == "fail" and (r["node_id"] == victim_id or victim_id[:6] in r["node"])
+    ]
     assert victim_fails, report["results"]
     assert any(r["check"] in ("network", "node") for r in victim_fails)
     survivors = [n["node_id"] for n in report["nodes"] if n["node_id"] != victim_id]
@@ -266,9 +321,11 @@ def wait_for_link_peer(node_id: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for actor in state.actors().values():
-            if (actor.get("ActorClassName", "").endswith("LinkPeer")
-                    and actor.get("State") == "ALIVE"
-                    and actor.get("Address", {}).get("NodeID") == node_id):
+            if (
+                actor.get("ActorClassName", "").endswith("LinkPeer")
+                and actor.get("State") == "ALIVE"
+                and actor.get("Address", {}).get("NodeID") == node_id
+            ):
                 return
         time.sleep(0.05)
     raise AssertionError(f"no LinkPeer actor came up on {node_id} within {timeout_s} s")

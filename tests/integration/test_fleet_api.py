@@ -132,7 +132,9 @@ def test_health_and_metrics(fleet, client):
     assert health.status_code == 200
     assert health.json()["models"] == {"smollm2-135m": 1, "tiny": 1}
     metrics = requests.get(fleet.url + "/metrics", timeout=10).text
-    assert re.search(r'rayfleet_requests_total\{model="tiny",replica="tiny#\w+",status="200"\} [1-9]', metrics)
+    assert re.search(
+        r'rayfleet_requests_total\{model="tiny",replica="tiny#\w+",status="200"\} [1-9]', metrics
+    )
     assert 'rayfleet_time_to_first_byte_seconds_bucket{le="0.005",model="tiny"' in metrics
     assert "rayfleet_inflight_requests" in metrics
 
@@ -174,8 +176,13 @@ def test_client_disconnect_aborts_the_upstream_request(fleet):
     running = lambda: _engine_metrics(replica["url"])["vllm:num_requests_running"]  # noqa: E731
     generated = lambda: _engine_metrics(replica["url"])["vllm:generation_tokens_total"]  # noqa: E731
     before = generated()
-    body = {"model": "smollm2-135m", "prompt": "Once upon a time", "max_tokens": 1500,
-            "ignore_eos": True, "stream": True}
+    body = {
+        "model": "smollm2-135m",
+        "prompt": "Once upon a time",
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with requests.post(fleet.base_url + "/completions", json=body, stream=True, timeout=30) as resp:
         assert resp.status_code == 200
         lines = resp.iter_lines()

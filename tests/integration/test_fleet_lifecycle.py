@@ -135,14 +135,21 @@ def test_ctrl_c_in_the_foreground_stops_everything(tmp_path, tiny_model):
 
     port = free_port()
     config = tmp_path / "fleet.yaml"
-    config.write_text(yaml.safe_dump({
-        "gateway": {"port": port},
-        "models": [{"name": "tiny", "source": str(tiny_model), "engine_args": TINY_ARGS}],
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "gateway": {"port": port},
+                "models": [{"name": "tiny", "source": str(tiny_model), "engine_args": TINY_ARGS}],
+            }
+        )
+    )
     env = {**os.environ, "RAYFLEET_HOME": str(tmp_path)}
     up = subprocess.Popen(
         [sys.executable, "-m", "rayfleet.cli", "up", "-c", str(config)],
-        env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
     )
     state_file = tmp_path / "run" / "fleet.json"

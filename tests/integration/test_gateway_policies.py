@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import urllib.request
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import openai
 import pytest
@@ -37,8 +37,13 @@ from rayfleet.gateway.policies import Policies
 
 pytestmark = pytest.mark.integration
 
-PRIO_ARGS = {"enforce_eager": True, "max_model_len": 2048, "dtype": "float32",
-             "scheduling_policy": "priority", "max_num_seqs": 1}
+PRIO_ARGS = {
+    "enforce_eager": True,
+    "max_model_len": 2048,
+    "dtype": "float32",
+    "scheduling_policy": "priority",
+    "max_num_seqs": 1,
+}
 
 
 def static_source(entries: list[dict]):
@@ -90,8 +95,11 @@ def engine_metrics(url: str) -> dict[str, float]:
     text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
     found: dict[str, float] = {}
     for line in text.splitlines():
-        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
-                     "vllm:generation_tokens_total"):
+        for name in (
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:generation_tokens_total",
+        ):
             if line.startswith(name + "{"):
                 found[name] = found.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return found
@@ -108,6 +116,7 @@ def wait_for(predicate, timeout_s: float, poll_s: float = 0.05) -> bool:
 
 # -- fixtures ----------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def prio(demo_model):
     """vLLM with the priority scheduler and one sequence at a time: requests queue."""
@@ -121,8 +130,10 @@ def prio(demo_model):
 
 
 def make_gateway(tiny_model, gateway: dict, entries: list[dict], names, clock=None) -> Gateway:
-    models = [{"name": n, "source": str(tiny_model), "engine_args": {"max_model_len": 1024}}
-              for n in names]
+    models = [
+        {"name": n, "source": str(tiny_model), "engine_args": {"max_model_len": 1024}}
+        for n in names
+    ]
     policies = Policies.from_fleet(parse_fleet({"gateway": gateway, "models": models}), clock=clock)
     return Gateway(list(names), static_source(entries), policies=policies, poll_interval_s=0.2)
 
@@ -133,20 +144,33 @@ def hhmm(moment: datetime) -> str:
 
 def idle(engine) -> None:
     """Wait until the engine runs and queues nothing (earlier tests left no work behind)."""
-    assert wait_for(lambda: not any(engine_metrics(engine.url).get(k) for k in (
-        "vllm:num_requests_running", "vllm:num_requests_waiting")), 120), "engine still busy"
+    assert wait_for(
+        lambda: (
+            not any(
+                engine_metrics(engine.url).get(k)
+                for k in ("vllm:num_requests_running", "vllm:num_requests_waiting")
+            )
+        ),
+        120,
+    ), "engine still busy"
 
 
 @pytest.fixture(scope="module")
 def main_url(tiny_model, vllm_tiny, prio):
-    now = datetime.now(timezone.utc)
-    backup = {"name": "backup", "base_url": prio.url + "/v1", "api_key_env": "RF_TEST_BACKUP_KEY",
-              "default_model": "tiny-prio"}
+    now = datetime.now(UTC)
+    backup = {
+        "name": "backup",
+        "base_url": prio.url + "/v1",
+        "api_key_env": "RF_TEST_BACKUP_KEY",
+        "default_model": "tiny-prio",
+    }
     gateway = {
         "timezone": "UTC",
         "limits": {"max_tokens": 256, "max_n": 2, "max_body_bytes": 20000, "max_messages": 8},
-        "model_limits": {"clamped": {"max_tokens": 16, "max_tokens_action": "clamp"},
-                         "tiny-prio": {"max_tokens": 1000}},
+        "model_limits": {
+            "clamped": {"max_tokens": 16, "max_tokens_action": "clamp"},
+            "tiny-prio": {"max_tokens": 1000},
+        },
         "priority_classes": [
             {"name": "high", "priority": -10},
             {"name": "low", "priority": 10},
@@ -155,27 +179,62 @@ def main_url(tiny_model, vllm_tiny, prio):
         ],
         "fallback": {"providers": [backup]},
         "routes": [
-            {"name": "auto", "rules": [
-                {"name": "vip", "target": "tiny-prio", "priority_classes": ["high"]},
-                {"name": "short", "target": "tiny", "prompt_tokens_below": 20},
-                {"name": "long", "target": "tiny-prio"}]},
-            {"name": "night", "rules": [
-                {"name": "off-peak", "target": "fallback:backup", "time_of_day": {
-                    "from": hhmm(now - timedelta(hours=1)), "to": hhmm(now + timedelta(hours=1))}},
-                {"name": "day", "target": "tiny"}]},
-            {"name": "daytime", "rules": [
-                {"name": "off-peak", "target": "fallback:backup", "time_of_day": {
-                    "from": hhmm(now + timedelta(hours=2)), "to": hhmm(now + timedelta(hours=3))}},
-                {"name": "day", "target": "tiny"}]},
-            {"name": "down-first", "rules": [
-                {"name": "ghost-first", "target": "ghost"}, {"name": "then-tiny", "target": "tiny"}]},
-            {"name": "all-down", "fallback": "backup",
-             "rules": [{"name": "only-ghost", "target": "ghost"}]},
+            {
+                "name": "auto",
+                "rules": [
+                    {"name": "vip", "target": "tiny-prio", "priority_classes": ["high"]},
+                    {"name": "short", "target": "tiny", "prompt_tokens_below": 20},
+                    {"name": "long", "target": "tiny-prio"},
+                ],
+            },
+            {
+                "name": "night",
+                "rules": [
+                    {
+                        "name": "off-peak",
+                        "target": "fallback:backup",
+                        "time_of_day": {
+                            "from": hhmm(now - timedelta(hours=1)),
+                            "to": hhmm(now + timedelta(hours=1)),
+                        },
+                    },
+                    {"name": "day", "target": "tiny"},
+                ],
+            },
+            {
+                "name": "daytime",
+                "rules": [
+                    {
+                        "name": "off-peak",
+                        "target": "fallback:backup",
+                        "time_of_day": {
+                            "from": hhmm(now + timedelta(hours=2)),
+                            "to": hhmm(now + timedelta(hours=3)),
+                        },
+                    },
+                    {"name": "day", "target": "tiny"},
+                ],
+            },
+            {
+                "name": "down-first",
+                "rules": [
+                    {"name": "ghost-first", "target": "ghost"},
+                    {"name": "then-tiny", "target": "tiny"},
+                ],
+            },
+            {
+                "name": "all-down",
+                "fallback": "backup",
+                "rules": [{"name": "only-ghost", "target": "ghost"}],
+            },
             {"name": "clamped", "rules": [{"name": "all", "target": "tiny"}]},
         ],
     }
-    entries = [entry("tiny", vllm_tiny.url), entry("tiny-prio", prio.url),
-               entry("flaky", f"http://127.0.0.1:{free_port()}")]
+    entries = [
+        entry("tiny", vllm_tiny.url),
+        entry("tiny-prio", prio.url),
+        entry("flaky", f"http://127.0.0.1:{free_port()}"),
+    ]
     os.environ["RF_TEST_BACKUP_KEY"] = "provider-secret"
     try:
         gw = make_gateway(tiny_model, gateway, entries, ("tiny", "tiny-prio", "ghost", "flaky"))
@@ -195,6 +254,7 @@ def raw_completion(client, **kwargs):
 
 
 # -- limits ------------------------------------------------------------------------------
+
 
 def _refused(resp, status: int) -> dict:
     assert resp.status_code == status, resp.text
@@ -216,23 +276,36 @@ def test_max_tokens_over_the_cap_is_400_stating_it(main_url, client):
 
 
 def test_max_tokens_clamped_where_configured(client):
-    raw = raw_completion(client, model="clamped", prompt="hi", max_tokens=200,
-                         extra_body={"ignore_eos": True})
+    raw = raw_completion(
+        client, model="clamped", prompt="hi", max_tokens=200, extra_body={"ignore_eos": True}
+    )
     assert raw.parse().usage.completion_tokens == 16
     assert raw.headers["x-rayfleet-route"] == "all"
 
 
 def test_n_messages_and_body_caps(main_url):
     url = main_url + "/v1"
-    error = _refused(requests.post(url + "/completions", json={
-        "model": "tiny", "prompt": "hi", "n": 3}, timeout=30), 400)
+    error = _refused(
+        requests.post(
+            url + "/completions", json={"model": "tiny", "prompt": "hi", "n": 3}, timeout=30
+        ),
+        400,
+    )
     assert error["param"] == "n" and "limit for 'tiny' is 2" in error["message"]
     messages = [{"role": "user", "content": "hi"}] * 9
-    error = _refused(requests.post(url + "/chat/completions", json={
-        "model": "tiny", "messages": messages}, timeout=30), 400)
+    error = _refused(
+        requests.post(
+            url + "/chat/completions", json={"model": "tiny", "messages": messages}, timeout=30
+        ),
+        400,
+    )
     assert "9 messages; the limit for 'tiny' is 8" in error["message"]
-    error = _refused(requests.post(url + "/completions", json={
-        "model": "tiny", "prompt": "x" * 30000}, timeout=30), 413)
+    error = _refused(
+        requests.post(
+            url + "/completions", json={"model": "tiny", "prompt": "x" * 30000}, timeout=30
+        ),
+        413,
+    )
     assert "limit is 20000 bytes" in error["message"]
 
 
@@ -250,6 +323,7 @@ def test_context_overflow_is_refused_before_the_engine(client, vllm_tiny):
 
 # -- routes ------------------------------------------------------------------------------
 
+
 def test_route_by_prompt_length_and_priority_class(main_url, client):
     short = raw_completion(client, model="auto", prompt="hi", max_tokens=2)
     assert short.headers["x-rayfleet-route"] == "short"
@@ -258,8 +332,11 @@ def test_route_by_prompt_length_and_priority_class(main_url, client):
     assert long.headers["x-rayfleet-route"] == "long"
     assert long.headers["x-rayfleet-replica"] == "tiny-prio#1"
     vip = client.chat.completions.with_raw_response.create(
-        model="auto", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
-        extra_headers={"x-rayfleet-priority": "high"})
+        model="auto",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=2,
+        extra_headers={"x-rayfleet-priority": "high"},
+    )
     assert vip.headers["x-rayfleet-route"] == "vip" and vip.parse().model == "tiny-prio"
     metrics = requests.get(main_url + "/metrics", timeout=10).text
     assert 'rayfleet_route_decisions_total{route="auto",rule="short",target="tiny"} 1.0' in metrics
@@ -271,7 +348,9 @@ def test_route_by_time_of_day(client):
     assert night.headers["x-rayfleet-replica"] == "fallback:backup"
     assert night.parse().model == "tiny-prio"
     day = raw_completion(client, model="daytime", prompt="hi", max_tokens=2)
-    assert day.headers["x-rayfleet-route"] == "day" and day.headers["x-rayfleet-replica"] == "tiny#1"
+    assert (
+        day.headers["x-rayfleet-route"] == "day" and day.headers["x-rayfleet-replica"] == "tiny#1"
+    )
 
 
 def test_unavailable_target_falls_through_then_to_fallback(client):
@@ -290,25 +369,31 @@ def test_models_list_names_routes(client):
 
 # -- fallback provider -------------------------------------------------------------------
 
+
 def test_model_without_replica_goes_to_the_provider(client):
     raw = client.chat.completions.with_raw_response.create(
-        model="ghost", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        model="ghost", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
     assert raw.headers["x-rayfleet-replica"] == "fallback:backup"
     assert raw.parse().choices[0].message.content is not None
 
 
 def test_failure_before_first_byte_goes_to_the_provider_streaming(main_url, client):
-    stream = client.completions.create(model="flaky", prompt="hi", max_tokens=8, stream=True,
-                                       extra_body={"ignore_eos": True})
+    stream = client.completions.create(
+        model="flaky", prompt="hi", max_tokens=8, stream=True, extra_body={"ignore_eos": True}
+    )
     chunks = list(stream)
     assert stream.response.headers["x-rayfleet-replica"] == "fallback:backup"
     assert sum(len(c.choices[0].text) > 0 for c in chunks if c.choices) >= 4
     metrics = requests.get(main_url + "/metrics", timeout=10).text
-    assert ('rayfleet_fallback_requests_total{model="flaky",provider="backup",reason="failure"}'
-            in metrics)
+    assert (
+        'rayfleet_fallback_requests_total{model="flaky",provider="backup",reason="failure"}'
+        in metrics
+    )
 
 
 # -- priorities and timeouts -------------------------------------------------------------
+
 
 def test_high_priority_overtakes_queued_low_priority(client, prio):
     idle(prio)
@@ -317,8 +402,12 @@ def test_high_priority_overtakes_queued_low_priority(client, prio):
 
     def send(label: str, priority_class: str, max_tokens: int) -> None:
         client.completions.create(
-            model="tiny-prio", prompt="hi", max_tokens=max_tokens, extra_body={"ignore_eos": True},
-            extra_headers={"x-rayfleet-priority": priority_class})
+            model="tiny-prio",
+            prompt="hi",
+            max_tokens=max_tokens,
+            extra_body={"ignore_eos": True},
+            extra_headers={"x-rayfleet-priority": priority_class},
+        )
         with lock:
             finished.append(label)
 
@@ -337,15 +426,18 @@ def test_high_priority_overtakes_queued_low_priority(client, prio):
     assert len(finished) == 4
     # FCFS would finish it last; the priority scheduler runs it before both queued lows.
     assert finished.index("high") <= 1, finished
-    assert {"low-2", "low-3"} <= set(finished[finished.index("high") + 1:]), finished
+    assert {"low-2", "low-3"} <= set(finished[finished.index("high") + 1 :]), finished
 
 
 def test_total_timeout_is_408_and_aborts_the_engine_request(main_url, prio):
     idle(prio)
     started = time.monotonic()
-    resp = requests.post(main_url + "/v1/completions", json={
-        "model": "tiny-prio", "prompt": "hi", "max_tokens": 1000, "ignore_eos": True},
-        headers={"x-rayfleet-priority": "brief"}, timeout=60)
+    resp = requests.post(
+        main_url + "/v1/completions",
+        json={"model": "tiny-prio", "prompt": "hi", "max_tokens": 1000, "ignore_eos": True},
+        headers={"x-rayfleet-priority": "brief"},
+        timeout=60,
+    )
     error = _refused(resp, 408)
     assert error["code"] == "timeout" and "priority class 'brief'" in error["message"]
     assert time.monotonic() - started < 15
@@ -355,10 +447,19 @@ def test_total_timeout_is_408_and_aborts_the_engine_request(main_url, prio):
 def test_total_timeout_ends_a_stream_with_an_error_event(main_url, prio):
     idle(prio)
     started = time.monotonic()
-    with requests.post(main_url + "/v1/completions", json={
-            "model": "tiny-prio", "prompt": "hi", "max_tokens": 1000, "ignore_eos": True,
-            "stream": True}, headers={"x-rayfleet-priority": "brief"}, stream=True,
-            timeout=60) as resp:
+    with requests.post(
+        main_url + "/v1/completions",
+        json={
+            "model": "tiny-prio",
+            "prompt": "hi",
+            "max_tokens": 1000,
+            "ignore_eos": True,
+            "stream": True,
+        },
+        headers={"x-rayfleet-priority": "brief"},
+        stream=True,
+        timeout=60,
+    ) as resp:
         assert resp.status_code == 200
         events, first_at = [], None
         for line in resp.iter_lines():
@@ -366,7 +467,7 @@ def test_total_timeout_ends_a_stream_with_an_error_event(main_url, prio):
                 first_at = first_at or time.monotonic() - started
                 events.append(line)
     assert events[-1] == b"data: [DONE]"
-    last = json.loads(events[-2][len(b"data: "):])
+    last = json.loads(events[-2][len(b"data: ") :])
     assert last["error"]["code"] == "timeout"
     assert 1 < len(events) - 2 < 1000, f"not started and cut short: first event at {first_at} s"
     assert wait_for(lambda: not engine_metrics(prio.url).get("vllm:num_requests_running"), 20)
@@ -374,14 +475,22 @@ def test_total_timeout_ends_a_stream_with_an_error_event(main_url, prio):
 
 def test_stream_idle_timeout_on_a_queued_request(main_url, prio):
     idle(prio)
-    busy = {"model": "tiny-prio", "prompt": "hi", "max_tokens": 500, "ignore_eos": True,
-            "stream": True}
+    busy = {
+        "model": "tiny-prio",
+        "prompt": "hi",
+        "max_tokens": 500,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with requests.post(main_url + "/v1/completions", json=busy, stream=True, timeout=60) as held:
-        lines = held.iter_lines()   # kept: a dropped iterator closes the connection
-        next(lines)   # it runs; the engine takes one sequence at a time
-        resp = requests.post(main_url + "/v1/completions", json={
-            "model": "tiny-prio", "prompt": "hi", "max_tokens": 5},
-            headers={"x-rayfleet-priority": "impatient"}, timeout=60)
+        lines = held.iter_lines()  # kept: a dropped iterator closes the connection
+        next(lines)  # it runs; the engine takes one sequence at a time
+        resp = requests.post(
+            main_url + "/v1/completions",
+            json={"model": "tiny-prio", "prompt": "hi", "max_tokens": 5},
+            headers={"x-rayfleet-priority": "impatient"},
+            timeout=60,
+        )
         error = _refused(resp, 408)
         assert "0.3 s without output" in error["message"]
     assert wait_for(lambda: not engine_metrics(prio.url).get("vllm:num_requests_waiting"), 20)
@@ -390,10 +499,20 @@ def test_stream_idle_timeout_on_a_queued_request(main_url, prio):
 def test_client_disconnect_aborts_the_engine_request(main_url, prio):
     idle(prio)
     before = engine_metrics(prio.url).get("vllm:generation_tokens_total", 0)
-    body = {"model": "tiny-prio", "prompt": "hi", "max_tokens": 1000, "ignore_eos": True,
-            "stream": True}
-    with requests.post(main_url + "/v1/completions", json=body, stream=True, timeout=30,
-                       headers={"x-rayfleet-priority": "low"}) as resp:
+    body = {
+        "model": "tiny-prio",
+        "prompt": "hi",
+        "max_tokens": 1000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with requests.post(
+        main_url + "/v1/completions",
+        json=body,
+        stream=True,
+        timeout=30,
+        headers={"x-rayfleet-priority": "low"},
+    ) as resp:
         assert resp.status_code == 200
         lines = resp.iter_lines()
         for _ in range(3):
@@ -405,20 +524,35 @@ def test_client_disconnect_aborts_the_engine_request(main_url, prio):
 
 # -- queue depth -------------------------------------------------------------------------
 
+
 def test_every_replica_over_queue_depth_goes_to_the_provider(tiny_model, prio, vllm_tiny):
     idle(prio)
-    gateway = {"fallback": {"max_queue_depth": 1, "providers": [
-        {"name": "spare", "base_url": vllm_tiny.url + "/v1", "default_model": "tiny"}]}}
+    gateway = {
+        "fallback": {
+            "max_queue_depth": 1,
+            "providers": [
+                {"name": "spare", "base_url": vllm_tiny.url + "/v1", "default_model": "tiny"}
+            ],
+        }
+    }
     gw = make_gateway(tiny_model, gateway, [entry("tiny-prio", prio.url)], ("tiny-prio",))
     with serving(gw) as url:
-        body = {"model": "tiny-prio", "prompt": "hi", "max_tokens": 600, "ignore_eos": True,
-                "stream": True}
+        body = {
+            "model": "tiny-prio",
+            "prompt": "hi",
+            "max_tokens": 600,
+            "ignore_eos": True,
+            "stream": True,
+        }
         with requests.post(url + "/v1/completions", json=body, stream=True, timeout=60) as held:
             assert held.headers["x-rayfleet-replica"] == "tiny-prio#1"
-            lines = held.iter_lines()   # kept: a dropped iterator closes the connection
+            lines = held.iter_lines()  # kept: a dropped iterator closes the connection
             next(lines)
-            second = requests.post(url + "/v1/completions", json={
-                "model": "tiny-prio", "prompt": "hi", "max_tokens": 2}, timeout=60)
+            second = requests.post(
+                url + "/v1/completions",
+                json={"model": "tiny-prio", "prompt": "hi", "max_tokens": 2},
+                timeout=60,
+            )
             assert second.status_code == 200
             assert second.headers["x-rayfleet-replica"] == "fallback:spare"
             assert second.json()["model"] == "tiny"
@@ -428,18 +562,29 @@ def test_every_replica_over_queue_depth_goes_to_the_provider(tiny_model, prio, v
 
 # -- API keys and quotas -----------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def keyed_url(tiny_model, vllm_tiny, prio, tmp_path_factory):
     key_file = tmp_path_factory.mktemp("keys") / "beta.key"
     key_file.write_text("sk-beta\n")
     gateway = {
         "priority_classes": [{"name": "high", "priority": -10}],
-        "routes": [{"name": "auto", "rules": [
-            {"name": "vip", "target": "tiny-prio", "priority_classes": ["high"]},
-            {"name": "rest", "target": "tiny"}]}],
+        "routes": [
+            {
+                "name": "auto",
+                "rules": [
+                    {"name": "vip", "target": "tiny-prio", "priority_classes": ["high"]},
+                    {"name": "rest", "target": "tiny"},
+                ],
+            }
+        ],
         "api_keys": [
-            {"name": "alpha", "key_sha256": hash_key("sk-alpha"), "models": ["tiny"],
-             "requests_per_minute": 3},
+            {
+                "name": "alpha",
+                "key_sha256": hash_key("sk-alpha"),
+                "models": ["tiny"],
+                "requests_per_minute": 3,
+            },
             {"name": "beta", "key_file": str(key_file), "max_concurrent": 1},
             {"name": "gamma", "key_sha256": hash_key("sk-gamma"), "priority_class": "high"},
             {"name": "delta", "key_sha256": hash_key("sk-delta"), "tokens_per_minute": 300},
@@ -447,8 +592,12 @@ def keyed_url(tiny_model, vllm_tiny, prio, tmp_path_factory):
         "open_metrics": False,
         "open_health": True,
     }
-    gw = make_gateway(tiny_model, gateway, [entry("tiny", vllm_tiny.url),
-                                            entry("tiny-prio", prio.url)], ("tiny", "tiny-prio"))
+    gw = make_gateway(
+        tiny_model,
+        gateway,
+        [entry("tiny", vllm_tiny.url), entry("tiny-prio", prio.url)],
+        ("tiny", "tiny-prio"),
+    )
     with serving(gw) as url:
         yield url
 
@@ -458,8 +607,12 @@ def keyed(url: str, key: str) -> openai.OpenAI:
 
 
 def test_no_key_or_wrong_key_is_401(keyed_url):
-    error = _refused(requests.post(keyed_url + "/v1/completions", json={
-        "model": "tiny", "prompt": "hi"}, timeout=30), 401)
+    error = _refused(
+        requests.post(
+            keyed_url + "/v1/completions", json={"model": "tiny", "prompt": "hi"}, timeout=30
+        ),
+        401,
+    )
     assert error["type"] == "authentication_error"
     with pytest.raises(openai.AuthenticationError):
         keyed(keyed_url, "sk-wrong").completions.create(model="tiny", prompt="hi", max_tokens=2)
@@ -468,7 +621,9 @@ def test_no_key_or_wrong_key_is_401(keyed_url):
 
 def test_key_limited_to_its_models(keyed_url):
     with pytest.raises(openai.PermissionDeniedError) as err:
-        keyed(keyed_url, "sk-alpha").completions.create(model="tiny-prio", prompt="hi", max_tokens=2)
+        keyed(keyed_url, "sk-alpha").completions.create(
+            model="tiny-prio", prompt="hi", max_tokens=2
+        )
     assert "may use: tiny" in err.value.body["message"]
 
 
@@ -485,9 +640,10 @@ def test_requests_per_minute_is_429_with_retry_after(keyed_url):
 
 def test_concurrent_requests_per_key_is_429(keyed_url):
     beta = keyed(keyed_url, "sk-beta")
-    stream = beta.completions.create(model="tiny-prio", prompt="hi", max_tokens=300,
-                                     stream=True, extra_body={"ignore_eos": True})
-    chunks = iter(stream)   # kept: a dropped iterator closes the connection
+    stream = beta.completions.create(
+        model="tiny-prio", prompt="hi", max_tokens=300, stream=True, extra_body={"ignore_eos": True}
+    )
+    chunks = iter(stream)  # kept: a dropped iterator closes the connection
     try:
         next(chunks)
         with pytest.raises(openai.RateLimitError) as err:
@@ -517,15 +673,17 @@ def test_tokens_per_minute_is_429(keyed_url):
 
 def test_key_priority_class_drives_routing(keyed_url):
     raw = keyed(keyed_url, "sk-gamma").completions.with_raw_response.create(
-        model="auto", prompt="hi", max_tokens=2)
+        model="auto", prompt="hi", max_tokens=2
+    )
     assert raw.headers["x-rayfleet-route"] == "vip" and raw.parse().model == "tiny-prio"
 
 
 def test_metrics_keyed_health_open_and_no_key_leaks(keyed_url):
     assert requests.get(keyed_url + "/health", timeout=10).status_code == 200
     _refused(requests.get(keyed_url + "/metrics", timeout=10), 401)
-    metrics = requests.get(keyed_url + "/metrics", timeout=10,
-                           headers={"Authorization": "Bearer sk-gamma"})
+    metrics = requests.get(
+        keyed_url + "/metrics", timeout=10, headers={"Authorization": "Bearer sk-gamma"}
+    )
     assert metrics.status_code == 200
     assert 'rayfleet_api_key_requests_total{key="gamma"}' in metrics.text
     assert "sk-" not in metrics.text and 'reason="unauthorized"' in metrics.text
@@ -533,17 +691,19 @@ def test_metrics_keyed_health_open_and_no_key_leaks(keyed_url):
 
 # -- per-replica protection --------------------------------------------------------------
 
+
 def test_failing_replica_cools_down_and_status_shows_it(tiny_model, vllm_tiny, tmp_path):
     dead = entry("tiny", f"http://127.0.0.1:{free_port()}", "tiny#dead")
     gateway = {"replica_protection": {"max_consecutive_failures": 2, "cooldown_s": 2.0}}
     gw = make_gateway(tiny_model, gateway, [entry("tiny", vllm_tiny.url), dead], ("tiny",))
     with serving(gw) as url:
+
         def dead_state() -> dict:
             report = requests.get(url + "/rayfleet/status", timeout=10).json()
             return next(r for r in report["replicas"] if r["replica_id"] == "tiny#dead")
 
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-        for _ in range(8):   # every request succeeds: a failing pick is retried elsewhere
+        for _ in range(8):  # every request succeeds: a failing pick is retried elsewhere
             assert client.completions.create(model="tiny", prompt="hi", max_tokens=2).choices
         state = dead_state()
         assert state["consecutive_failures"] == 2 and not state["healthy"]
@@ -551,21 +711,31 @@ def test_failing_replica_cools_down_and_status_shows_it(tiny_model, vllm_tiny, t
 
         home = tmp_path / "home"
         RunState(pid=os.getpid(), gateway_url=url, phase="ready").save(home / "run" / "fleet.json")
-        shown = subprocess.run([sys.executable, "-m", "rayfleet.cli", "status"], timeout=120,
-                               capture_output=True, text=True,
-                               env={**os.environ, "RAYFLEET_HOME": str(home), "COLUMNS": "200"})
+        shown = subprocess.run(
+            [sys.executable, "-m", "rayfleet.cli", "status"],
+            timeout=120,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "RAYFLEET_HOME": str(home), "COLUMNS": "200"},
+        )
         line = next(ln for ln in shown.stdout.splitlines() if "tiny#dead" in ln)
         assert "cooling down" in line, shown.stdout
 
         assert wait_for(lambda: dead_state()["healthy"], 10)
-        assert wait_for(lambda: client.completions.create(
-            model="tiny", prompt="hi", max_tokens=2) and not dead_state()["healthy"], 30)
+        assert wait_for(
+            lambda: (
+                client.completions.create(model="tiny", prompt="hi", max_tokens=2)
+                and not dead_state()["healthy"]
+            ),
+            30,
+        )
         assert dead_state()["consecutive_failures"] == 3, "tried again, failed once, out again"
         metrics = requests.get(url + "/metrics", timeout=10).text
         assert 'rayfleet_replica_cooldowns_total{model="tiny",replica="tiny#dead"} 2.0' in metrics
 
 
 # -- after the first byte: no replay -----------------------------------------------------
+
 
 @contextlib.contextmanager
 def cutting_relay(upstream_port: int, cut_after_bytes: int):
@@ -601,11 +771,13 @@ def cutting_relay(upstream_port: int, cut_after_bytes: int):
         while not stop.is_set():
             try:
                 client, _ = listener.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             server = socket.create_connection(("127.0.0.1", upstream_port))
             threading.Thread(target=pump, args=(client, server), daemon=True).start()
-            threading.Thread(target=pump, args=(server, client, cut_after_bytes), daemon=True).start()
+            threading.Thread(
+                target=pump, args=(server, client, cut_after_bytes), daemon=True
+            ).start()
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
@@ -619,18 +791,30 @@ def cutting_relay(upstream_port: int, cut_after_bytes: int):
 
 def test_stream_broken_after_first_byte_ends_with_error_not_replayed(tiny_model, vllm_tiny, prio):
     with cutting_relay(vllm_tiny.port, cut_after_bytes=3000) as relay:
-        gateway = {"fallback": {"providers": [
-            {"name": "backup", "base_url": prio.url + "/v1", "default_model": "tiny-prio"}]}}
+        gateway = {
+            "fallback": {
+                "providers": [
+                    {"name": "backup", "base_url": prio.url + "/v1", "default_model": "tiny-prio"}
+                ]
+            }
+        }
         gw = make_gateway(tiny_model, gateway, [entry("tiny", relay, "tiny#cut")], ("tiny",))
         with serving(gw) as url:
-            body = {"model": "tiny", "prompt": "hi", "max_tokens": 500, "ignore_eos": True,
-                    "stream": True}
+            body = {
+                "model": "tiny",
+                "prompt": "hi",
+                "max_tokens": 500,
+                "ignore_eos": True,
+                "stream": True,
+            }
             with requests.post(url + "/v1/completions", json=body, stream=True, timeout=60) as resp:
                 assert resp.status_code == 200
                 assert resp.headers["x-rayfleet-replica"] == "tiny#cut"
                 events = [line for line in resp.iter_lines() if line.startswith(b"data: ")]
             assert events[-1] == b"data: [DONE]"
-            assert json.loads(events[-2][len(b"data: "):])["error"]["code"] == "upstream_error"
+            assert json.loads(events[-2][len(b"data: ") :])["error"]["code"] == "upstream_error"
             assert 2 < len(events) < 100
             metrics = requests.get(url + "/metrics", timeout=10).text
-            assert "rayfleet_fallback_requests_total{" not in metrics, "a broken stream was replayed"
+            assert "rayfleet_fallback_requests_total{" not in metrics, (
+                "a broken stream was replayed"
+            )

@@ -37,13 +37,24 @@ def test_gpu_nodes_and_doctor_bandwidth_are_read(cluster, tmp_path: Path):
     cluster.add_node(num_cpus=1, num_gpus=4)
     cluster.wait_for_nodes()
     network = tmp_path / "network.json"
-    network.write_text(json.dumps({
-        "measured_at": "2025-01-01T00:00:00Z",
-        "pairs": [{"src_node": "a", "dst_node": "b", "src_ip": "127.0.0.1",
-                   "dst_ip": "127.0.0.1", "gbps": 9.5, "rtt_ms": 0.1}],
-    }))
+    network.write_text(
+        json.dumps(
+            {
+                "measured_at": "2025-01-01T00:00:00Z",
+                "pairs": [
+                    {
+                        "src_node": "a",
+                        "dst_node": "b",
+                        "src_ip": "127.0.0.1",
+                        "dst_ip": "127.0.0.1",
+                        "gbps": 9.5,
+                        "rtt_ms": 0.1,
+                    }
+                ],
+            }
+        )
+    )
     hw = read_cluster(cluster.address, FLAGS, network_path=network)
     assert (hw.nodes, hw.gpus_per_node, hw.inter_node_gbps) == (2, 4, 9.5)
     assert hw.gpu_memory_gib == 80.0
     assert any("from --gpu-memory-gib" in note for note in hw.notes)
-

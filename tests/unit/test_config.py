@@ -32,8 +32,10 @@ def fleet(**model) -> dict:
         ({"models": [{"name": "m"}]}, "models[0].source: required field is missing"),
         (fleet(engine_args={"port": 9000}), "port is set by rayfleet for each replica"),
         ({"cluster": {"address": "headnode"}, **fleet()}, "cluster.address: 'headnode' is not"),
-        ({"models": [{"name": "a", "source": "x"}, {"name": "a", "source": "y"}]},
-         "two models are named 'a'"),
+        (
+            {"models": [{"name": "a", "source": "x"}, {"name": "a", "source": "y"}]},
+            "two models are named 'a'",
+        ),
     ],
 )
 def test_bad_fleet_is_one_line_with_the_field(data, expected):
@@ -58,7 +60,9 @@ def test_missing_file(tmp_path):
 
 
 def test_defaults_and_derived_sizes():
-    config = parse_fleet(fleet(engine_args={"tensor-parallel-size": 4, "pipeline_parallel_size": 2}))
+    config = parse_fleet(
+        fleet(engine_args={"tensor-parallel-size": 4, "pipeline_parallel_size": 2})
+    )
     model = config.models[0]
     assert (model.replicas, model.num_cpus, model.placement_strategy) == (1, 1.0, "PACK")
     assert model.engine_args == {"tensor_parallel_size": 4, "pipeline_parallel_size": 2}
@@ -82,8 +86,11 @@ def test_deepseek_example_spans_two_nodes():
 def test_engine_args_checked_by_vllm_parser():
     good = parse_fleet(fleet(engine_args={"max_model_len": 512, "enforce_eager": True}))
     check_engine_args(good)
-    with pytest.raises(ConfigError, match=r"engine_args.max_modl_len: not a vLLM server argument; "
-                                          r"did you mean 'max_model_len'\?"):
+    with pytest.raises(
+        ConfigError,
+        match=r"engine_args.max_modl_len: not a vLLM server argument; "
+        r"did you mean 'max_model_len'\?",
+    ):
         check_engine_args(parse_fleet(fleet(engine_args={"max_modl_len": 512})))
     with pytest.raises(ConfigError, match=r"vLLM rejects them: argument --max-model-len"):
         check_engine_args(parse_fleet(fleet(engine_args={"max_model_len": "lots"})))
@@ -94,19 +101,28 @@ def test_engine_args_checked_by_vllm_parser():
 def _rayfleet(*args, home: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "rayfleet.cli", *args],
-        capture_output=True, text=True, timeout=120, env={"RAYFLEET_HOME": str(home), "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"RAYFLEET_HOME": str(home), "PATH": ""},
     )
 
 
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("models:\n  - name: a\n    source: /x\n    replica: 2\n",
-         "models[0].replica: unknown field; did you mean 'replicas'?"),
-        ("models:\n  - name: a\n    source: /x\n    num_cpus: many\n",
-         "models[0].num_cpus: Input should be a valid number"),
-        ("models:\n  - name: a\n    source: /x\n    engine_args: {max_model_len: lots}\n",
-         "vLLM rejects them: argument --max-model-len"),
+        (
+            "models:\n  - name: a\n    source: /x\n    replica: 2\n",
+            "models[0].replica: unknown field; did you mean 'replicas'?",
+        ),
+        (
+            "models:\n  - name: a\n    source: /x\n    num_cpus: many\n",
+            "models[0].num_cpus: Input should be a valid number",
+        ),
+        (
+            "models:\n  - name: a\n    source: /x\n    engine_args: {max_model_len: lots}\n",
+            "vLLM rejects them: argument --max-model-len",
+        ),
     ],
 )
 def test_cli_reports_bad_fleet_in_one_line(tmp_path, text, expected):

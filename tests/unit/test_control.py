@@ -15,19 +15,43 @@ def model(**fields):
 
 
 def test_engine_argv_passes_values_unchanged():
-    argv = engine_argv({"max_model_len": 512, "enforce_eager": True, "enable_prefix_caching": False,
-                        "tensor_parallel_size": 2, "quantization": None,
-                        "override_generation_config": {"temperature": 0.5}})
-    assert argv == ["--max-model-len", "512", "--enforce-eager", "--no-enable-prefix-caching",
-                    "--tensor-parallel-size", "2",
-                    "--override-generation-config", '{"temperature": 0.5}']
+    argv = engine_argv(
+        {
+            "max_model_len": 512,
+            "enforce_eager": True,
+            "enable_prefix_caching": False,
+            "tensor_parallel_size": 2,
+            "quantization": None,
+            "override_generation_config": {"temperature": 0.5},
+        }
+    )
+    assert argv == [
+        "--max-model-len",
+        "512",
+        "--enforce-eager",
+        "--no-enable-prefix-caching",
+        "--tensor-parallel-size",
+        "2",
+        "--override-generation-config",
+        '{"temperature": 0.5}',
+    ]
 
 
 def test_server_argv_sets_identity_flags():
     argv = server_argv("/models/m", "m", {"dtype": "float32"}, "127.0.0.1", 8123)
     assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
-    assert argv[3:] == ["--model", "/models/m", "--served-model-name", "m", "--host", "127.0.0.1",
-                        "--port", "8123", "--dtype", "float32"]
+    assert argv[3:] == [
+        "--model",
+        "/models/m",
+        "--served-model-name",
+        "m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8123",
+        "--dtype",
+        "float32",
+    ]
 
 
 def test_single_node_replica_has_no_placement_group():
@@ -41,8 +65,11 @@ def test_multi_node_replica_gets_one_placement_group_with_the_strategy():
     m = model(
         placement_strategy="SPREAD",
         num_cpus=2,
-        engine_args={"tensor_parallel_size": 8, "pipeline_parallel_size": 2,
-                     "distributed_executor_backend": "ray"},
+        engine_args={
+            "tensor_parallel_size": 8,
+            "pipeline_parallel_size": 2,
+            "distributed_executor_backend": "ray",
+        },
     )
     bundles = placement_bundles(m)
     assert bundles[0] == {"CPU": 2} and len(bundles) == 17
@@ -62,8 +89,11 @@ def test_deepseek_example_engine_args_reach_vllm_unchanged():
     config = load_fleet(Path(__file__).resolve().parents[2] / "examples/deepseek-v3-two-nodes.yaml")
     m = config.models[0]
     argv = engine_argv(m.engine_args)
-    for flag in ("--tensor-parallel-size", "--pipeline-parallel-size",
-                 "--distributed-executor-backend"):
+    for flag in (
+        "--tensor-parallel-size",
+        "--pipeline-parallel-size",
+        "--distributed-executor-backend",
+    ):
         assert flag in argv
     assert deployment_options(m)["placement_group_strategy"] == "PACK"
     assert len(placement_bundles(m)) == 1 + 16

@@ -32,8 +32,12 @@ def make_facts(vllm: str | None = "0.32.0", location: str = "/site/vllm", **part
             "torch": {"version": "2.13.0", "location": "/site/torch"},
             "rayfleet": {"version": "0.1.0", "location": "/site/rayfleet"},
         },
-        "gpus": {"nvidia_smi": {"found": False, "gpus": [], "error": None}, "driver_gpus": 0,
-                 "device_files": 0, "cuda_visible_devices": None},
+        "gpus": {
+            "nvidia_smi": {"found": False, "gpus": [], "error": None},
+            "driver_gpus": 0,
+            "device_files": 0,
+            "cuda_visible_devices": None,
+        },
         "shm": {"path": "/dev/shm", "total_bytes": 16 * GIB, "free_bytes": 16 * GIB},
         "nccl": {"env": {}, "interfaces": ["eth0", "lo"], "ib_devices": []},
         "disk": [{"path": "/hf", "free_bytes": 100 * GIB, "total_bytes": 200 * GIB}],
@@ -49,22 +53,31 @@ def h200(count: int = 1) -> dict:
 
 
 def test_parse_real_nvidia_smi_line():
-    assert parse_nvidia_smi(H200_SMI + "garbage line\n") == [{
-        "index": 0, "name": "NVIDIA H200",
-        "uuid": "GPU-f04ba111-8335-6cdd-a8a7-2dcb67e5edb1", "memory_mib": 143771}]
+    assert parse_nvidia_smi(H200_SMI + "garbage line\n") == [
+        {
+            "index": 0,
+            "name": "NVIDIA H200",
+            "uuid": "GPU-f04ba111-8335-6cdd-a8a7-2dcb67e5edb1",
+            "memory_mib": 143771,
+        }
+    ]
 
 
-@pytest.mark.parametrize("ray_gpus, cuda_visible, status, fix_part", [
-    (1, None, Status.OK, ""),
-    (1, "0", Status.OK, ""),
-    (0, None, Status.FAIL, "--gpus all"),
-    (0, "", Status.FAIL, "CUDA_VISIBLE_DEVICES hides every GPU"),
-    (2, None, Status.FAIL, "--num-gpus 1"),
-    (1, "", Status.FAIL, "CUDA_VISIBLE_DEVICES=''"),
-])
+@pytest.mark.parametrize(
+    "ray_gpus, cuda_visible, status, fix_part",
+    [
+        (1, None, Status.OK, ""),
+        (1, "0", Status.OK, ""),
+        (0, None, Status.FAIL, "--gpus all"),
+        (0, "", Status.FAIL, "CUDA_VISIBLE_DEVICES hides every GPU"),
+        (2, None, Status.FAIL, "--num-gpus 1"),
+        (1, "", Status.FAIL, "CUDA_VISIBLE_DEVICES=''"),
+    ],
+)
 def test_gpus_seen_by_os_against_ray(ray_gpus, cuda_visible, status, fix_part):
-    got, value, fix = judge_gpus(h200(), driver_gpus=1, cuda_visible=cuda_visible,
-                                 ray_gpus=ray_gpus)
+    got, value, fix = judge_gpus(
+        h200(), driver_gpus=1, cuda_visible=cuda_visible, ray_gpus=ray_gpus
+    )
     assert got is status
     assert "OS 1 (NVIDIA H200)" in value and f"Ray {ray_gpus}" in value
     assert fix_part in fix
@@ -86,7 +99,10 @@ def test_container_without_gpus_fails_with_the_container_hint():
 
 def test_cpu_node_is_fine_and_cpu_cluster_is_an_info_line():
     assert judge_gpus({"found": False, "gpus": []}, 0, None, 0) == (
-        Status.OK, "no GPU (CPU node)", "")
+        Status.OK,
+        "no GPU (CPU node)",
+        "",
+    )
     ctx = Context(nodes=[make_node()], facts={"a" * 56: make_facts()})
     [line] = checks.check_gpus_cluster(ctx)
     assert (line.node, line.status) == ("cluster", Status.INFO)
@@ -100,13 +116,16 @@ def test_ray_claiming_gpus_on_a_gpu_less_node_fails():
     assert status is Status.FAIL and "--num-gpus" in fix and "Ray 2" in value
 
 
-@pytest.mark.parametrize("total, parallel, status", [
-    (64 * 1024**2, ["tp2"], Status.FAIL),
-    (64 * 1024**2, [], Status.WARN),
-    (4 * GIB, ["tp2"], Status.WARN),
-    (16 * GIB, ["tp2"], Status.OK),
-    (None, ["tp2"], Status.FAIL),
-])
+@pytest.mark.parametrize(
+    "total, parallel, status",
+    [
+        (64 * 1024**2, ["tp2"], Status.FAIL),
+        (64 * 1024**2, [], Status.WARN),
+        (4 * GIB, ["tp2"], Status.WARN),
+        (16 * GIB, ["tp2"], Status.OK),
+        (None, ["tp2"], Status.FAIL),
+    ],
+)
 def test_shm(total, parallel, status):
     got, value, fix = judge_shm(total, parallel)
     assert got is status
@@ -116,28 +135,34 @@ def test_shm(total, parallel, status):
         assert value.startswith("/dev/shm 64 MiB")
 
 
-@pytest.mark.parametrize("spec, expected", [
-    ("eth", ["eth0", "eth1"]),
-    ("=eth0", ["eth0"]),
-    ("=eth", []),
-    ("^lo,docker", ["eth0", "eth1", "ib0"]),
-    ("^=eth0", ["docker0", "eth1", "ib0", "lo"]),
-    ("ib,eth1", ["eth1", "ib0"]),
-    ("bogus0", []),
-])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("eth", ["eth0", "eth1"]),
+        ("=eth0", ["eth0"]),
+        ("=eth", []),
+        ("^lo,docker", ["eth0", "eth1", "ib0"]),
+        ("^=eth0", ["docker0", "eth1", "ib0", "lo"]),
+        ("ib,eth1", ["eth1", "ib0"]),
+        ("bogus0", []),
+    ],
+)
 def test_nccl_socket_ifname_matching(spec, expected):
     assert match_interfaces(spec, ["docker0", "eth0", "eth1", "ib0", "lo"]) == expected
 
 
 def test_nccl_verdicts():
-    ok = judge_nccl({"env": {"NCCL_SOCKET_IFNAME": "eth"}, "interfaces": ["eth0", "lo"],
-                     "ib_devices": []}, 0)
+    ok = judge_nccl(
+        {"env": {"NCCL_SOCKET_IFNAME": "eth"}, "interfaces": ["eth0", "lo"], "ib_devices": []}, 0
+    )
     assert ok[0] is Status.OK and "NCCL_SOCKET_IFNAME=eth" in ok[1]
-    bad = judge_nccl({"env": {"GLOO_SOCKET_IFNAME": "ens5"}, "interfaces": ["eth0", "lo"],
-                      "ib_devices": []}, 0)
+    bad = judge_nccl(
+        {"env": {"GLOO_SOCKET_IFNAME": "ens5"}, "interfaces": ["eth0", "lo"], "ib_devices": []}, 0
+    )
     assert bad[0] is Status.FAIL and "eth0" in bad[2]
-    ib_off = judge_nccl({"env": {"NCCL_IB_DISABLE": "1"}, "interfaces": ["ib0"],
-                         "ib_devices": ["mlx5_0"]}, 8)
+    ib_off = judge_nccl(
+        {"env": {"NCCL_IB_DISABLE": "1"}, "interfaces": ["ib0"], "ib_devices": ["mlx5_0"]}, 8
+    )
     assert ib_off[0] is Status.WARN and "IB: mlx5_0" in ib_off[1]
     p2p_off = judge_nccl({"env": {"NCCL_P2P_DISABLE": "1"}, "interfaces": [], "ib_devices": []}, 8)
     assert p2p_off[0] is Status.WARN
@@ -145,8 +170,10 @@ def test_nccl_verdicts():
 
 def test_versions_against_the_head():
     head, worker = make_node("h" * 56), make_node("w" * 56, is_head=False)
-    ctx = Context([head, worker], {head.node_id: make_facts(),
-                                   worker.node_id: make_facts("0.0.1", "/opt/stray/vllm")})
+    ctx = Context(
+        [head, worker],
+        {head.node_id: make_facts(), worker.node_id: make_facts("0.0.1", "/opt/stray/vllm")},
+    )
     [same] = checks.check_versions(head, ctx.facts[head.node_id], ctx)
     assert same.status is Status.OK and "vllm 0.32.0" in same.value
     [differs] = checks.check_versions(worker, ctx.facts[worker.node_id], ctx)
@@ -191,7 +218,10 @@ def write_fleet(tmp_path: Path, body: str) -> Path:
 
 
 def test_fleet_needs_from_a_real_fleet_yaml(tmp_path):
-    fleet = load_fleet(write_fleet(tmp_path, """
+    fleet = load_fleet(
+        write_fleet(
+            tmp_path,
+            """
 gateway: {port: 8123}
 models:
   - name: small
@@ -203,9 +233,14 @@ models:
     source: org/big-model
     num_gpus: 1
     engine_args: {tensor_parallel_size: 8, pipeline_parallel_size: 2}
-"""))
-    gpu_nodes = [make_node("a" * 56, num_gpus=8), make_node("b" * 56, False, num_gpus=8),
-                 make_node("c" * 56, False)]
+""",
+        )
+    )
+    gpu_nodes = [
+        make_node("a" * 56, num_gpus=8),
+        make_node("b" * 56, False, num_gpus=8),
+        make_node("c" * 56, False),
+    ]
     needs = fleet_needs(fleet, gpu_nodes)
     assert needs.gateway_port == 8123
     assert needs.parallel_models == ["tp-cpu", "big"]
@@ -221,9 +256,18 @@ def test_model_presence_and_ports_lines(tmp_path):
     node = make_node()
     needs = fleet_needs(fleet, [node])
     facts = make_facts(
-        models=[{"name": "m", "source": "~/m", "kind": "path", "present": False,
-                 "detail": "/home/x/m does not exist"}],
-        ports=[{"port": 8000, "free": False, "detail": "Address in use", "holder": "pid 7 (nginx)"}],
+        models=[
+            {
+                "name": "m",
+                "source": "~/m",
+                "kind": "path",
+                "present": False,
+                "detail": "/home/x/m does not exist",
+            }
+        ],
+        ports=[
+            {"port": 8000, "free": False, "detail": "Address in use", "holder": "pid 7 (nginx)"}
+        ],
     )
     ctx = Context([node], {node.node_id: facts}, needs)
     [model] = checks.check_models(node, facts, ctx)

@@ -49,7 +49,8 @@ def test_rounds_cover_every_pair_once_with_no_node_twice_per_round(count):
     rounds = pair_rounds(ids)
     seen = [frozenset(p) for r in rounds for p in r]
     assert sorted(seen, key=sorted) == sorted(
-        (frozenset(p) for p in itertools.combinations(ids, 2)), key=sorted)
+        (frozenset(p) for p in itertools.combinations(ids, 2)), key=sorted
+    )
     for r in rounds:
         members = [n for p in r for n in p]
         assert len(members) == len(set(members))
@@ -77,5 +78,13 @@ def test_saved_links_have_the_planners_format(tmp_path, monkeypatch):
     data = json.loads(path.read_text())
     assert set(data) == {"measured_at", "pairs"}
     assert data["measured_at"].endswith("+00:00")
-    assert data["pairs"] == [{"src_node": "a", "dst_node": "b", "src_ip": "10.0.0.1",
-                              "dst_ip": "10.0.0.2", "gbps": 12.346, "rtt_ms": 0.1}]
+    assert data["pairs"] == [
+        {
+            "src_node": "a",
+            "dst_node": "b",
+            "src_ip": "10.0.0.1",
+            "dst_ip": "10.0.0.2",
+            "gbps": 12.346,
+            "rtt_ms": 0.1,
+        }
+    ]

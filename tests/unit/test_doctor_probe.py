@@ -29,8 +29,10 @@ def test_a_stray_copy_on_pythonpath_reports_its_own_version(tmp_path):
     info = tmp_path / "vllm-0.0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.0.1\n")
-    code = ("import json; from rayfleet.doctor.probe import read_versions; "
-            "print(json.dumps(read_versions()))")
+    code = (
+        "import json; from rayfleet.doctor.probe import read_versions; "
+        "print(json.dumps(read_versions()))"
+    )
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     shadowed = json.loads(subprocess.check_output([sys.executable, "-c", code], env=env))
     assert shadowed["vllm"] == {"version": "0.0.1", "location": str(tmp_path / "vllm")}
@@ -45,8 +47,12 @@ def test_model_source_paths_expand_on_the_node(tmp_path, monkeypatch):
     (model / "config.json").write_text("{}")
     monkeypatch.setenv("HOME", str(tmp_path))
     assert probe.read_model_source("t", "~/models/tiny") == {
-        "name": "t", "source": "~/models/tiny", "kind": "path", "present": True,
-        "detail": str(model)}
+        "name": "t",
+        "source": "~/models/tiny",
+        "kind": "path",
+        "present": True,
+        "detail": str(model),
+    }
     missing = probe.read_model_source("t", "~/models/other")
     assert missing["present"] is False and missing["detail"].endswith("does not exist")
     (tmp_path / "models" / "empty").mkdir()

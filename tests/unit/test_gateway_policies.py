@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -24,14 +24,19 @@ def fleet(gateway: dict, **extra_model) -> dict:
     return {
         "gateway": gateway,
         "models": [
-            {"name": "small", "source": "/models/small", "engine_args": {"max_model_len": 1024},
-             **extra_model},
+            {
+                "name": "small",
+                "source": "/models/small",
+                "engine_args": {"max_model_len": 1024},
+                **extra_model,
+            },
             {"name": "large", "source": "/models/large"},
         ],
     }
 
 
 # -- limits ------------------------------------------------------------------------------
+
 
 def test_max_tokens_rejected_with_the_cap():
     limits = Limits(max_tokens=100)
@@ -64,8 +69,14 @@ def test_context_check_states_both_numbers():
 
 
 def test_model_limits_override_field_by_field():
-    config = parse_fleet(fleet({"limits": {"max_tokens": 256, "max_n": 2},
-                                "model_limits": {"small": {"max_tokens": 32}}}))
+    config = parse_fleet(
+        fleet(
+            {
+                "limits": {"max_tokens": 256, "max_n": 2},
+                "model_limits": {"small": {"max_tokens": 32}},
+            }
+        )
+    )
     policies = Policies.from_fleet(config)
     assert policies.limits["small"] == Limits(max_tokens=32, max_n=2)
     assert policies.limits["large"] == Limits(max_tokens=256, max_n=2)
@@ -73,8 +84,9 @@ def test_model_limits_override_field_by_field():
 
 # -- token buckets and quotas ------------------------------------------------------------
 
+
 def test_token_bucket_refills_at_its_rate():
-    bucket = TokenBucket(60, period_s=60.0, now=0.0)   # one per second
+    bucket = TokenBucket(60, period_s=60.0, now=0.0)  # one per second
     assert all(bucket.take(1, now=0.0) == 0.0 for _ in range(60))
     assert bucket.take(1, now=0.0) == pytest.approx(1.0)
     assert bucket.take(1, now=0.5) == pytest.approx(0.5)
@@ -94,7 +106,7 @@ def test_key_quota_rate_tokens_and_concurrency():
         quota.admit(1, now=0.0)
     assert err.value.headers["Retry-After"] == "30" and "2 requests per minute" in err.value.message
     with pytest.raises(RequestError) as err:
-        quota.admit(80, now=30.0)   # a request is back, but only 20 + 50 tokens
+        quota.admit(80, now=30.0)  # a request is back, but only 20 + 50 tokens
     assert "tokens per minute" in err.value.message
     assert int(err.value.headers["Retry-After"]) >= 1
     with pytest.raises(RequestError, match="more than API key 'a' may use per minute"):
@@ -103,13 +115,20 @@ def test_key_quota_rate_tokens_and_concurrency():
 
 # -- keys --------------------------------------------------------------------------------
 
+
 def test_keys_are_matched_by_hash(tmp_path):
     key_file = tmp_path / "key"
     key_file.write_text("sk-from-file\n")
-    config = parse_fleet(fleet({"api_keys": [
-        {"name": "alpha", "key_sha256": hash_key(KEY), "models": ["small"]},
-        {"name": "beta", "key_file": str(key_file)},
-    ]}))
+    config = parse_fleet(
+        fleet(
+            {
+                "api_keys": [
+                    {"name": "alpha", "key_sha256": hash_key(KEY), "models": ["small"]},
+                    {"name": "beta", "key_file": str(key_file)},
+                ]
+            }
+        )
+    )
     table = KeyTable.from_config(config.gateway.api_keys)
     assert table.authenticate(f"Bearer {KEY}").name == "alpha"
     assert table.authenticate("Bearer sk-from-file").name == "beta"
@@ -130,11 +149,17 @@ def test_hash_key_form():
 
 # -- rules -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "window, minute, inside",
-    [((0, 360), 0, True), ((0, 360), 359, True), ((0, 360), 360, False),
-     ((22 * 60, 6 * 60), 23 * 60, True), ((22 * 60, 6 * 60), 5 * 60, True),
-     ((22 * 60, 6 * 60), 12 * 60, False)],
+    [
+        ((0, 360), 0, True),
+        ((0, 360), 359, True),
+        ((0, 360), 360, False),
+        ((22 * 60, 6 * 60), 23 * 60, True),
+        ((22 * 60, 6 * 60), 5 * 60, True),
+        ((22 * 60, 6 * 60), 12 * 60, False),
+    ],
 )
 def test_daily_window(window, minute, inside):
     assert DailyWindow(*window).contains(minute) is inside
@@ -157,7 +182,11 @@ ROUTE = {
     "name": "auto",
     "fallback": "backup",
     "rules": [
-        {"name": "night", "target": "fallback:backup", "time_of_day": {"from": "00:00", "to": "06:00"}},
+        {
+            "name": "night",
+            "target": "fallback:backup",
+            "time_of_day": {"from": "00:00", "to": "06:00"},
+        },
         {"name": "vip", "target": "large", "priority_classes": ["high"]},
         {"name": "short", "target": "small", "prompt_tokens_below": 512},
         {"name": "long", "target": "large"},
@@ -166,8 +195,9 @@ ROUTE = {
 GATEWAY = {
     "routes": [ROUTE],
     "priority_classes": [{"name": "high", "priority": -10}, {"name": "low", "priority": 10}],
-    "fallback": {"providers": [{"name": "backup", "base_url": "http://127.0.0.1:1/v1",
-                                "default_model": "x"}]},
+    "fallback": {
+        "providers": [{"name": "backup", "base_url": "http://127.0.0.1:1/v1", "default_model": "x"}]
+    },
 }
 
 
@@ -180,7 +210,7 @@ def test_rules_in_order():
     assert decide(Facts(minute=3 * 60)).provider == "backup"
     assert decide(Facts(minute=3 * 60)).rule == "night"
     assert decide(Facts(priority_class="high", tokens=10)).model == "large"
-    assert decide(Facts(tokens=511)) .model == "small"
+    assert decide(Facts(tokens=511)).model == "small"
     assert decide(Facts(tokens=512)).model == "large"
 
 
@@ -201,10 +231,17 @@ def test_unavailable_target_falls_through_then_to_fallback():
 
 # -- tokens ------------------------------------------------------------------------------
 
+
 def test_prompt_text_and_bounds():
-    chat = prompt_of("/v1/chat/completions", {"messages": [
-        {"role": "user", "content": "héllo"},
-        {"role": "user", "content": [{"type": "text", "text": "there"}]}]})
+    chat = prompt_of(
+        "/v1/chat/completions",
+        {
+            "messages": [
+                {"role": "user", "content": "héllo"},
+                {"role": "user", "content": [{"type": "text", "text": "there"}]},
+            ]
+        },
+    )
     assert chat.text == "héllo\nthere" and chat.num_items == 2
     assert chat.max_tokens_bound() == len("héllo\nthere".encode())
     ids = prompt_of("/v1/completions", {"prompt": [1, 2, 3]})
@@ -223,31 +260,40 @@ def test_counter_uses_the_model_tokenizer(tiny_model):
 
 def test_context_length_sources(tiny_model):
     assert context_length(str(tiny_model), {"max_model_len": 512}) == 512
-    assert context_length(str(tiny_model), {}) > 0     # config.json max_position_embeddings
+    assert context_length(str(tiny_model), {}) > 0  # config.json max_position_embeddings
     assert context_length("org/hub-model", {}) is None
 
 
 def test_request_parsed_once_then_admitted_with_policies(tiny_model):
-    config = parse_fleet({
-        "gateway": {"limits": {"max_tokens": 64, "max_tokens_action": "clamp"},
-                    "priority_classes": [{"name": "batch", "priority": 5}],
-                    "default_priority_class": "batch"},
-        "models": [{"name": "tiny", "source": str(tiny_model),
-                    "engine_args": {"max_model_len": 128}}],
-    })
+    config = parse_fleet(
+        {
+            "gateway": {
+                "limits": {"max_tokens": 64, "max_tokens_action": "clamp"},
+                "priority_classes": [{"name": "batch", "priority": 5}],
+                "default_priority_class": "batch",
+            },
+            "models": [
+                {"name": "tiny", "source": str(tiny_model), "engine_args": {"max_model_len": 128}}
+            ],
+        }
+    )
     policies = Policies.from_fleet(config)
     policies.counter.load(policies.tokenizers_needed())
-    parsed = parse_request("/v1/completions", b'{"model": "tiny", "prompt": "hi", "max_tokens": 99}')
+    parsed = parse_request(
+        "/v1/completions", b'{"model": "tiny", "prompt": "hi", "max_tokens": 99}'
+    )
     admission = policies.admit("/v1/completions", parsed, 50, {}, lambda m: True)
     assert admission.body["max_tokens"] == 64 and admission.body["priority"] == 5
     assert admission.clamped and admission.model == "tiny"
-    long = parse_request("/v1/completions",
-                         b'{"model": "tiny", "prompt": "' + b"hello world " * 40 + b'"}')
+    long = parse_request(
+        "/v1/completions", b'{"model": "tiny", "prompt": "' + b"hello world " * 40 + b'"}'
+    )
     with pytest.raises(RequestError, match="maximum context length is 128"):
         policies.admit("/v1/completions", long, 500, {}, lambda m: True)
 
 
 # -- config ------------------------------------------------------------------------------
+
 
 def test_priority_classes_turn_on_the_priority_scheduler():
     config = parse_fleet(fleet({"priority_classes": [{"name": "a", "priority": 0}]}))
@@ -258,28 +304,75 @@ def test_priority_classes_turn_on_the_priority_scheduler():
 @pytest.mark.parametrize(
     "gateway, extra, expected",
     [
-        ({"priority_classes": [{"name": "a", "priority": 1}]},
-         {"engine_args": {"scheduling_policy": "fcfs"}},
-         "model 'small' sets scheduling_policy 'fcfs', but gateway.priority_classes need 'priority'"),
-        ({"routes": [{"name": "auto", "rules": [{"name": "r", "target": "medium"}]}]}, {},
-         "rule 'r' targets 'medium', which is not a model of the fleet"),
-        ({"routes": [{"name": "small", "rules": [{"name": "r", "target": "large"}]}]}, {},
-         "'small' is both a model and a route"),
-        ({"routes": [{"name": "auto", "rules": [{"name": "r", "target": "fallback:nope"}]}]}, {},
-         "rule 'r' target 'fallback:nope' is not a fallback provider"),
-        ({"api_keys": [{"name": "k", "key_sha256": "abc"}]}, {},
-         "must be 'sha256:' followed by 64 hex digits"),
+        (
+            {"priority_classes": [{"name": "a", "priority": 1}]},
+            {"engine_args": {"scheduling_policy": "fcfs"}},
+            "model 'small' sets scheduling_policy 'fcfs', but gateway.priority_classes need 'priority'",
+        ),
+        (
+            {"routes": [{"name": "auto", "rules": [{"name": "r", "target": "medium"}]}]},
+            {},
+            "rule 'r' targets 'medium', which is not a model of the fleet",
+        ),
+        (
+            {"routes": [{"name": "small", "rules": [{"name": "r", "target": "large"}]}]},
+            {},
+            "'small' is both a model and a route",
+        ),
+        (
+            {"routes": [{"name": "auto", "rules": [{"name": "r", "target": "fallback:nope"}]}]},
+            {},
+            "rule 'r' target 'fallback:nope' is not a fallback provider",
+        ),
+        (
+            {"api_keys": [{"name": "k", "key_sha256": "abc"}]},
+            {},
+            "must be 'sha256:' followed by 64 hex digits",
+        ),
         ({"api_keys": [{"name": "k"}]}, {}, "needs exactly one of key_sha256 and key_file"),
-        ({"api_keys": [{"name": "k", "key_sha256": hash_key("x"), "priority_class": "vip"}]}, {},
-         "priority_class 'vip' is not defined"),
-        ({"routes": [{"name": "auto", "rules": [{"name": "r", "target": "large",
-                                                 "prompt_tokens_at_least": 10,
-                                                 "prompt_tokens_below": 5}]}]}, {},
-         "prompt_tokens_at_least (10) must be below prompt_tokens_below (5)"),
+        (
+            {"api_keys": [{"name": "k", "key_sha256": hash_key("x"), "priority_class": "vip"}]},
+            {},
+            "priority_class 'vip' is not defined",
+        ),
+        (
+            {
+                "routes": [
+                    {
+                        "name": "auto",
+                        "rules": [
+                            {
+                                "name": "r",
+                                "target": "large",
+                                "prompt_tokens_at_least": 10,
+                                "prompt_tokens_below": 5,
+                            }
+                        ],
+                    }
+                ]
+            },
+            {},
+            "prompt_tokens_at_least (10) must be below prompt_tokens_below (5)",
+        ),
         ({"timezone": "Mars/Olympus"}, {}, "is not an IANA time zone"),
-        ({"routes": [{"name": "auto", "rules": [{"name": "r", "target": "large",
-                                                 "time_of_day": {"from": "25:00", "to": "06:00"}}]}]},
-         {}, "'25:00' is not a time of day"),
+        (
+            {
+                "routes": [
+                    {
+                        "name": "auto",
+                        "rules": [
+                            {
+                                "name": "r",
+                                "target": "large",
+                                "time_of_day": {"from": "25:00", "to": "06:00"},
+                            }
+                        ],
+                    }
+                ]
+            },
+            {},
+            "'25:00' is not a time of day",
+        ),
         ({"model_limits": {"medium": {"max_tokens": 5}}}, {}, "is neither a model nor a route"),
         ({"limits": {"max_tokens_action": "trim"}}, {}, "gateway.limits.max_tokens_action"),
         ({"limits": {"max_tokenz": 4}}, {}, "did you mean 'max_tokens'?"),
@@ -292,8 +385,12 @@ def test_bad_gateway_config_is_one_line(gateway, extra, expected):
 
 
 def test_provider_key_comes_from_the_environment(monkeypatch):
-    provider = {"name": "p", "base_url": "http://127.0.0.1:1/v1", "api_key_env": "RF_TEST_KEY",
-                "default_model": "m"}
+    provider = {
+        "name": "p",
+        "base_url": "http://127.0.0.1:1/v1",
+        "api_key_env": "RF_TEST_KEY",
+        "default_model": "m",
+    }
     config = parse_fleet(fleet({"fallback": {"providers": [provider]}}))
     monkeypatch.delenv("RF_TEST_KEY", raising=False)
     with pytest.raises(ConfigError, match="RF_TEST_KEY is not set"):
@@ -304,11 +401,11 @@ def test_provider_key_comes_from_the_environment(monkeypatch):
 
 def test_time_of_day_uses_the_configured_zone():
     config = parse_fleet(fleet({"timezone": "Asia/Tokyo", **GATEWAY}))
-    noon_utc = datetime(2024, 1, 1, 12, 0, tzinfo=timezone.utc)    # 21:00 in Tokyo
+    noon_utc = datetime(2024, 1, 1, 12, 0, tzinfo=UTC)  # 21:00 in Tokyo
     policies = Policies.from_fleet(config, clock=lambda: noon_utc)
     parsed = parse_request("/v1/completions", b'{"model": "auto", "prompt": "hi"}')
     assert policies.admit("/v1/completions", parsed, 10, {}, lambda m: True).route_rule == "short"
-    three_utc = datetime(2024, 1, 1, 18, 0, tzinfo=timezone.utc)   # 03:00 in Tokyo
+    three_utc = datetime(2024, 1, 1, 18, 0, tzinfo=UTC)  # 03:00 in Tokyo
     policies.clock = lambda: three_utc
     admission = policies.admit("/v1/completions", parsed, 10, {}, lambda m: True)
     assert admission.route_rule == "night" and admission.provider.name == "backup"

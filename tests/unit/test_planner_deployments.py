@@ -64,7 +64,9 @@ DEPLOYMENTS = [
     DEPLOYMENTS,
     ids=[f"{d[0]}-{d[1] or 'ckpt'}-{d[2]}x{d[3]}x{d[4]}G-{d[5]}" for d in DEPLOYMENTS],
 )
-def test_public_deployment_verdict(model, quantization, nodes, gpus, gib, context, fits, shape, ray):
+def test_public_deployment_verdict(
+    model, quantization, nodes, gpus, gib, context, fits, shape, ray
+):
     spec = load_model_spec(str(FIXTURES / model), quantization=quantization)
     hardware = Hardware(gpus_per_node=gpus, gpu_memory_gib=gib, nodes=nodes, inter_node_gbps=100)
     plan = make_plan(spec, hardware, Workload(context_len=context), MemorySettings()).to_dict()

@@ -29,8 +29,14 @@ def node(node_id: str, gpus: float = 0, alive: bool = True, accelerator: str | N
 
 def write_network(path, speeds):
     pairs = [
-        {"src_node": "a", "dst_node": "b", "src_ip": "10.0.0.1", "dst_ip": "10.0.0.2",
-         "gbps": gbps, "rtt_ms": 0.2}
+        {
+            "src_node": "a",
+            "dst_node": "b",
+            "src_ip": "10.0.0.1",
+            "dst_ip": "10.0.0.2",
+            "gbps": gbps,
+            "rtt_ms": 0.2,
+        }
         for gbps in speeds
     ]
     path.write_text(json.dumps({"measured_at": "2025-01-01T00:00:00Z", "pairs": pairs}))
@@ -51,8 +57,12 @@ def test_broken_network_file_names_the_file_and_field(tmp_path):
 
 
 def test_nodes_with_gpus_and_measured_link():
-    nodes = [node("head"), node("w1", 8, accelerator="H100"), node("w2", 8, accelerator="H100"),
-             node("gone", 8, alive=False)]
+    nodes = [
+        node("head"),
+        node("w1", 8, accelerator="H100"),
+        node("w2", 8, accelerator="H100"),
+        node("gone", 8, alive=False),
+    ]
     hw = hardware_from_nodes(nodes, {"w1": 79.6, "w2": 79.6}, 24.0, FLAGS)
     assert (hw.nodes, hw.gpus_per_node, hw.gpu_memory_gib, hw.inter_node_gbps) == (2, 8, 79.6, 24.0)
     assert any("H100" in note for note in hw.notes)

@@ -25,9 +25,18 @@ def spec_of(name: str):
 
 def test_tp_divides_heads_and_kv_heads(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"hidden_size": 768, "num_hidden_layers": 4,
-                                "num_attention_heads": 12, "num_key_value_heads": 4,
-                                "vocab_size": 100, "max_position_embeddings": 512}))
+    path.write_text(
+        json.dumps(
+            {
+                "hidden_size": 768,
+                "num_hidden_layers": 4,
+                "num_attention_heads": 12,
+                "num_key_value_heads": 4,
+                "vocab_size": 100,
+                "max_position_embeddings": 512,
+            }
+        )
+    )
     spec = load_model_spec(str(path))
     shapes = candidate_shapes(spec, Hardware(gpus_per_node=8, gpu_memory_gib=80))
     # 12 heads: 1, 2, 3, 4, 6 divide; 3 and 6 neither divide 4 KV heads nor are multiples of 4

@@ -26,9 +26,16 @@ def spec_of(name: str, **overrides):
 
 
 def mha_spec(tmp_path: Path):
-    config = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
-              "num_attention_heads": 4, "head_dim": 64, "vocab_size": 1000,
-              "max_position_embeddings": 2048, "torch_dtype": "bfloat16"}
+    config = {
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "head_dim": 64,
+        "vocab_size": 1000,
+        "max_position_embeddings": 2048,
+        "torch_dtype": "bfloat16",
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     return load_model_spec(str(path))

@@ -107,12 +107,19 @@ def test_config_file_and_hub_cache_are_found(tmp_path, monkeypatch):
 
 
 def test_multimodal_text_config_is_used(tmp_path):
-    text = {"hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads": 8,
-            "num_key_value_heads": 8, "vocab_size": 2000, "max_position_embeddings": 8192,
-            "intermediate_size": 1024}
+    text = {
+        "hidden_size": 512,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "vocab_size": 2000,
+        "max_position_embeddings": 8192,
+        "intermediate_size": 1024,
+    }
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"model_type": "llava", "text_config": text,
-                                "torch_dtype": "float16"}))
+    path.write_text(
+        json.dumps({"model_type": "llava", "text_config": text, "torch_dtype": "float16"})
+    )
     spec = load_model_spec(str(path))
     assert (spec.num_layers, spec.dtype, spec.attention.num_kv_heads) == (6, "float16", 8)
 

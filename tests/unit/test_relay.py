@@ -75,8 +75,9 @@ def run(scenario, *, keepalive_s: float = 75.0, timeout_s: float = 600.0):
         upstream = Upstream()
         up_app = web.Application()
         up_app.router.add_post("/v1/completions", upstream.completions)
-        up_runner, up_url = await serve(up_app, keepalive_timeout=keepalive_s,
-                                        handler_cancellation=True)
+        up_runner, up_url = await serve(
+            up_app, keepalive_timeout=keepalive_s, handler_cancellation=True
+        )
 
         async def source():
             return [{"replica_id": "r0", "model": "m", "url": up_url}]
@@ -186,15 +187,16 @@ def test_slow_client_gets_every_byte():
     received, pauses = run(scenario)
     assert pauses and pauses[0] > 0  # reading from the upstream paused, then resumed
     assert received.startswith(big)
-    assert events(received[len(big):].decode())[-1] == "data: [DONE]"
+    assert events(received[len(big) :].decode())[-1] == "data: [DONE]"
 
 
 def test_pool_reports_refused_and_stalled_upstreams():
     async def main():
         pool = RelayPool(connect_timeout_s=2)
         with pytest.raises(UpstreamConnectError, match="cannot connect"):
-            await pool.request("http://127.0.0.1:9", "/v1/completions", b"{}", {},
-                               total_s=5, idle_s=None)
+            await pool.request(
+                "http://127.0.0.1:9", "/v1/completions", b"{}", {}, total_s=5, idle_s=None
+            )
 
         async def silent(request):
             await asyncio.sleep(30)
@@ -217,8 +219,10 @@ def test_http_1_0_client_gets_the_stream_unframed():
         host, port = url.split("/")[2].split(":")
         reader, writer = await asyncio.open_connection(host, int(port))
         body = json.dumps(BODY).encode()
-        writer.write(b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+        writer.write(
+            b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+        )
         answer = await asyncio.wait_for(reader.read(), 10)  # to the close: no framing
         writer.close()
         return answer

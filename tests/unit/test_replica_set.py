@@ -4,8 +4,10 @@ from rayfleet.gateway.replicas import ReplicaSet
 
 
 def entries(*ids, model="m"):
-    return [{"replica_id": i, "model": model, "url": f"http://127.0.0.1:{n + 9000}"}
-            for n, i in enumerate(ids)]
+    return [
+        {"replica_id": i, "model": model, "url": f"http://127.0.0.1:{n + 9000}"}
+        for n, i in enumerate(ids)
+    ]
 
 
 def test_picks_fewest_inflight():
