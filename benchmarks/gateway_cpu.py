@@ -110,14 +110,19 @@ def main() -> None:
     print("|---|---|---|---|")
     for name, rows in runs.items():
         tput = statistics.median(r["out tok/s"] for r in rows)
-        ratio = statistics.median(a["out tok/s"] / b["out tok/s"] for a, b in zip(rows, base))
+        ratio = statistics.median(
+            a["out tok/s"] / b["out tok/s"] for a, b in zip(rows, base, strict=True)
+        )
         cpu = statistics.median(r["us per token"] for r in rows)
         cpu_cell = f"{cpu:.1f} us" if name != "vllm-direct" else "-"
         print(f"| {name} | {tput:.0f} | {ratio:.2f} | {cpu_cell} |")
     for name in list(runs)[1:]:
         print(
             f"{name}: per round vs direct "
-            + ", ".join(f"{a['out tok/s'] / b['out tok/s']:.2f}" for a, b in zip(runs[name], base))
+            + ", ".join(
+                f"{a['out tok/s'] / b['out tok/s']:.2f}"
+                for a, b in zip(runs[name], base, strict=True)
+            )
             + "; us per token "
             + ", ".join(f"{r['us per token']:.1f}" for r in runs[name])
         )

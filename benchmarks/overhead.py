@@ -181,7 +181,7 @@ def paired_ttft(targets: dict[str, str], tokenizer: Path, num_rounds: int) -> di
 
 def paired_p50(ttft: dict[str, list[float]], name: str, base: str) -> float:
     """Median over rounds of ``name``'s TTFT minus ``base``'s in the same round, in ms."""
-    return statistics.median(a - b for a, b in zip(ttft[name], ttft[base]))
+    return statistics.median(a - b for a, b in zip(ttft[name], ttft[base], strict=True))
 
 
 def wait_http(url: str, timeout_s: float) -> None:
@@ -371,7 +371,7 @@ def summarize(results: dict) -> list[dict]:
         for name, by_c in results.items():
             runs = by_c[c]
             cell = {k: statistics.median(r[k] for r in runs) for k in METRICS}
-            pairs = list(zip(runs, direct))
+            pairs = list(zip(runs, direct, strict=True))
             rows.append(
                 {
                     "target": name,
@@ -392,7 +392,7 @@ def round_by_round(results: dict) -> list[str]:
     """Paired numbers per round: each target against the run just before it in that round."""
 
     def per_round(name: str, base: str, c: str, key: str, ratio: bool) -> str:
-        pairs = zip(results[name][c], results[base][c])
+        pairs = zip(results[name][c], results[base][c], strict=True)
         values = [a[key] / b[key] if ratio else a[key] - b[key] for a, b in pairs]
         return ", ".join(f"{v:.2f}" if ratio else f"{v:+.1f} ms" for v in values)
 
@@ -461,14 +461,11 @@ def main() -> None:
     print(f"\npaired single requests at concurrency 1 ({args.paired_rounds} rounds), TTFT p50:")
     for name, values in paired.items():
         print(f"  {name:<18} {statistics.median(values):.2f} ms")
-    print(
-        f"  the gateway over its replica called directly: "
-        f"{paired_p50(paired, 'rayfleet', 'fleet-replica'):+.2f} ms (median of per-round differences)"
-    )
-    print(
-        f"  policies over the plain gateway: "
-        f"{paired_p50(paired, 'rayfleet+policies', 'rayfleet'):+.2f} ms (median of per-round differences)"
-    )
+    per_round = "(median of per-round differences)"
+    gateway = paired_p50(paired, "rayfleet", "fleet-replica")
+    policies = paired_p50(paired, "rayfleet+policies", "rayfleet")
+    print(f"  the gateway over its replica called directly: {gateway:+.2f} ms {per_round}")
+    print(f"  policies over the plain gateway: {policies:+.2f} ms {per_round}")
     print(f"\nwrote {args.out}")
 
 
