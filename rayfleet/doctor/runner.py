@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rayfleet import _home
 from rayfleet.doctor import checks, network, probe
 from rayfleet.doctor.checks import Context
 from rayfleet.doctor.needs import FleetNeeds, fleet_needs
@@ -332,7 +333,7 @@ def _pickle_by_value() -> None:
     """Ship the probe and the link peer as code, so nodes need no matching rayfleet."""
     from ray import cloudpickle
 
-    for module in (probe, network):
+    for module in (probe, network, _home):
         with contextlib.suppress(ValueError):
             cloudpickle.register_pickle_by_value(module)
 

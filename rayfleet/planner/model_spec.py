@@ -9,11 +9,11 @@ Multimodal configs that nest the language model under ``text_config`` are read f
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rayfleet._home import hf_hub_cache
 from rayfleet.errors import ConfigError
 
 # Bytes per weight for each way a checkpoint can be stored.
@@ -146,21 +146,14 @@ def find_config(source: str) -> Path:
         return cached
     raise ConfigError(
         f"{source}: not a file, a directory, or a model id in the local Hugging Face cache "
-        f"({_hub_cache_dir()}); pass the path to the model's config.json"
+        f"({hf_hub_cache()}); pass the path to the model's config.json"
     )
-
-
-def _hub_cache_dir() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    hf_home = Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser()
-    return hf_home / "hub"
 
 
 def _cached_hub_config(model_id: str) -> Path | None:
     if model_id.count("/") != 1:
         return None
-    snapshots = _hub_cache_dir() / ("models--" + model_id.replace("/", "--")) / "snapshots"
+    snapshots = hf_hub_cache() / ("models--" + model_id.replace("/", "--")) / "snapshots"
     configs = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime)
     return configs[-1] if configs else None
 
