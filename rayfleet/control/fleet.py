@@ -39,24 +39,21 @@ Say = Callable[[str], None]
 
 def connect_ray(config: FleetConfig) -> str:
     """Start or join Ray; returns the address used."""
-    import ray
-
+    from rayfleet.cluster import LOCAL, connect
     from rayfleet.control.registry import NAMESPACE
 
-    common = dict(namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
     address = config.cluster.address
-    try:
-        if address == "local":
-            needed = sum(m.num_cpus * m.replicas for m in config.models)
-            num_cpus = config.cluster.num_cpus or max(os.cpu_count() or 1, math.ceil(needed) + 2)
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **common)
-        else:
-            ray.init(address=address, **common)
-    except ConnectionError as exc:
-        raise RayfleetError(
-            f"cannot reach the Ray cluster at '{address}' ({exc}); start it with `ray start "
-            "--head` or set cluster.address to 'local'"
-        ) from None
+    num_cpus = None
+    if address == LOCAL:  # enough logical CPUs for every replica, and two to spare
+        needed = sum(m.num_cpus * m.replicas for m in config.models)
+        num_cpus = config.cluster.num_cpus or max(os.cpu_count() or 1, math.ceil(needed) + 2)
+    connect(
+        address,
+        hint="or set cluster.address to 'local' for an embedded Ray",
+        namespace=NAMESPACE,
+        num_cpus=num_cpus,
+        logging_level=logging.WARNING,
+    )
     return address
 
 

@@ -8,24 +8,24 @@ answer in time, or dies during the run, becomes a failed line for that node.
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rayfleet import _home
+from rayfleet.cluster import connected, ray_nodes
 from rayfleet.doctor import checks, network, probe
 from rayfleet.doctor.checks import Context
 from rayfleet.doctor.needs import FleetNeeds, fleet_needs
 from rayfleet.doctor.network import LinkMeasurement
 from rayfleet.doctor.result import CheckResult, Node, Status, result_for
-from rayfleet.errors import RayfleetError
 
 if TYPE_CHECKING:
     from rayfleet.config import FleetConfig
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
+ADDRESS_HINT = "or pass the head's --address (host:port or ray://host:port)"
 
 
 @dataclass
@@ -55,7 +55,7 @@ def run_doctor(
 ) -> DoctorReport:
     """Check every node of the cluster at ``options.address`` (and what ``fleet`` needs)."""
     progress = progress or (lambda phase, done, total: None)
-    with connected(options.address):
+    with connected(options.address, hint=ADDRESS_HINT):
         nodes = alive_nodes()
         needs = fleet_needs(fleet, nodes)
         facts, results = probe_nodes(nodes, needs, options.timeout_s, progress)
@@ -76,57 +76,12 @@ def run_doctor(
     return DoctorReport(options.address, nodes, results, links, saved)
 
 
-# --- connecting -------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def connected(address: str) -> Iterator[None]:
-    """Connect to the cluster (or reuse this process's connection) for the run."""
-    import ray
-
-    if ray.is_initialized():
-        yield
-        return
-    _reachable_or_raise(address)
-    try:
-        if address == "local":
-            ray.init(logging_level="ERROR", log_to_driver=False, include_dashboard=False)
-        else:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-    except ConnectionError as exc:
-        raise RayfleetError(
-            f"no Ray cluster at '{address}' ({_first_line(exc)}): start one with "
-            "`ray start --head` or pass --address host:port"
-        ) from None
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-def _reachable_or_raise(address: str) -> None:
-    """Fail in seconds, not minutes, when an explicit address has nothing listening."""
-    if address in ("auto", "local"):
-        return
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise RayfleetError(
-            f"--address '{address}' is not 'auto', 'local', host:port or ray://host:port"
-        )
-    try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-    except OSError as exc:
-        raise RayfleetError(
-            f"no Ray cluster at '{address}' ({exc.strerror or exc}): start one "
-            "with `ray start --head` or pass the head's --address"
-        ) from None
+# --- nodes -----------------------------------------------------------------------
 
 
 def alive_nodes() -> list[Node]:
-    import ray
-
     nodes = []
-    for info in ray.nodes():
+    for info in ray_nodes():
         if not info.get("Alive"):
             continue
         resources = info.get("Resources", {})
@@ -145,9 +100,7 @@ def alive_nodes() -> list[Node]:
 
 def departed_nodes(nodes: Sequence[Node]) -> list[CheckResult]:
     """Nodes alive when the run started and gone by its end."""
-    import ray
-
-    alive = {info["NodeID"] for info in ray.nodes() if info.get("Alive")}
+    alive = {info["NodeID"] for info in ray_nodes() if info.get("Alive")}
     return [
         result_for(
             n,
@@ -344,8 +297,3 @@ def _ray_reason(exc: Exception) -> str:
     interesting = [line for line in lines if not line.startswith(("Traceback", "File ", "^"))]
     text = interesting[-1] if interesting else type(exc).__name__
     return f"{type(exc).__name__}: {text}"[:300]
-
-
-def _first_line(exc: Exception) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__

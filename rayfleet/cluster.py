@@ -1,0 +1,119 @@
+"""Connecting to Ray, the same way for every command.
+
+``address`` is what users write in ``--address`` or ``cluster.address``: ``local`` starts
+an embedded Ray in this process; ``auto`` joins the cluster ``ray start`` runs on this
+machine; ``host:port`` or ``ray://host:port`` join a remote head. Callers pass only what
+differs between them::
+
+    connect(address, hint="...", namespace=..., num_cpus=...)   # the fleet process
+    with connected(address, hint="..."):                        # doctor, plan --from-cluster
+        ...
+
+When there is no cluster at the address, the error is one line that names the address,
+says how to start a cluster, and ends with the caller's ``hint`` (the fix in that
+command's own terms). An explicit address with nothing listening fails in seconds, not
+after Ray's own minutes of retries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+from rayfleet.errors import RayfleetError
+
+LOCAL = "local"
+AUTO = "auto"
+REACHABLE_TIMEOUT_S = 5.0
+
+
+def connect(
+    address: str,
+    *,
+    hint: str,
+    namespace: str | None = None,
+    num_cpus: int | None = None,
+    logging_level: int = logging.ERROR,
+) -> None:
+    """Start a local Ray (``address`` is ``local``, with ``num_cpus`` logical CPUs) or join
+    the cluster at ``address``; ``RayfleetError`` naming the address and ``hint`` if none."""
+    import ray
+
+    check_reachable(address, hint)
+    try:
+        if address == LOCAL:
+            ray.init(
+                address=LOCAL,
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                namespace=namespace,
+                log_to_driver=False,
+                logging_level=logging_level,
+            )
+        else:
+            ray.init(
+                address=address,
+                namespace=namespace,
+                log_to_driver=False,
+                logging_level=logging_level,
+            )
+    except (ConnectionError, RuntimeError) as exc:
+        if address == LOCAL:
+            raise RayfleetError(
+                f"could not start a local Ray ({_first_line(exc)}); its logs are under "
+                "/tmp/ray/session_latest/logs"
+            ) from None
+        raise RayfleetError(no_cluster(address, _first_line(exc), hint)) from None
+
+
+@contextlib.contextmanager
+def connected(address: str, *, hint: str) -> Iterator[None]:
+    """Connected to Ray for the block: this process's connection if it has one (left
+    open), else ``connect(address)`` and a disconnect at the end."""
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    connect(address, hint=hint)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def ray_nodes() -> list[dict[str, Any]]:
+    """``ray.nodes()``: one record per node the cluster knows, alive or not."""
+    import ray
+
+    nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    return nodes
+
+
+def no_cluster(address: str, reason: str, hint: str) -> str:
+    """The one message for 'nothing to join at this address'."""
+    return f"no Ray cluster at '{address}' ({reason}): start one with `ray start --head`, {hint}"
+
+
+def check_reachable(address: str, hint: str) -> None:
+    """Fail in seconds when an explicit ``host:port`` address has nothing listening."""
+    if address in (AUTO, LOCAL):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        raise RayfleetError(
+            f"Ray address '{address}' is not 'auto', 'local', host:port or ray://host:port"
+        )
+    try:
+        socket.create_connection((host, int(port)), timeout=REACHABLE_TIMEOUT_S).close()
+    except OSError as exc:
+        raise RayfleetError(no_cluster(address, exc.strerror or str(exc), hint)) from None
+
+
+def _first_line(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
