@@ -1,8 +1,8 @@
 """The GPUs and links a plan is made for: from flags, or read from a running Ray cluster.
 
 ``read_cluster(address)`` asks Ray for its alive nodes and their "GPU" resources, runs
-one small task per GPU node that reads ``nvidia-smi`` for the GPU memory, and takes the
-inter-node bandwidth from the doctor's measurement
+the doctor's ``nvidia-smi`` reading as one small task per GPU node for the GPU memory,
+and takes the inter-node bandwidth from the doctor's measurement
 (``$RAYFLEET_HOME/doctor/network.json``, the slowest measured pair). What it cannot
 read it takes from the flags and says so in ``notes``.
 """
@@ -10,15 +10,13 @@ read it takes from the flags and says so in ``notes``.
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rayfleet._home import rayfleet_home
+from rayfleet.doctor.network import network_file
 from rayfleet.errors import ConfigError, RayfleetError
 
-NVIDIA_SMI_MEMORY = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
 MIB_PER_GIB = 1024
 
 
@@ -36,10 +34,6 @@ class Hardware:
     @property
     def total_gpus(self) -> int:
         return self.gpus_per_node * self.nodes
-
-
-def doctor_network_path() -> Path:
-    return rayfleet_home() / "doctor" / "network.json"
 
 
 def read_network_gbps(path: Path) -> float | None:
@@ -107,7 +101,7 @@ def hardware_from_nodes(
     inter = defaults.inter_node_gbps
     if network_gbps is None:
         notes.append(
-            f"no doctor measurement at {doctor_network_path()}; "
+            f"no doctor measurement at {network_file()}; "
             f"inter-node bandwidth {inter:g} Gbit/s from --inter-node-gbps"
         )
     else:
@@ -129,10 +123,10 @@ def _cluster_gpu_memory(
     defaults: Hardware,
     notes: list[str],
 ) -> float:
-    known = [memory_by_node[n] for n in counts if memory_by_node.get(n)]
+    known = [gib for n in counts if (gib := memory_by_node.get(n))]
     if len(known) == len(counts):
         notes.append(f"GPU memory {min(known):.1f} GiB from nvidia-smi on every GPU node")
-        return float(min(known))
+        return min(known)
     if defaults.gpu_memory_gib <= 0:
         raise RayfleetError(
             "could not read GPU memory from the cluster (nvidia-smi failed on "
@@ -145,54 +139,36 @@ def _cluster_gpu_memory(
     return defaults.gpu_memory_gib
 
 
-def parse_nvidia_smi_memory(output: str) -> float | None:
-    """Smallest GPU memory in GiB from ``nvidia-smi --query-gpu=memory.total`` (MiB lines)."""
-    values = []
-    for line in output.splitlines():
-        line = line.strip()
-        if line:
-            try:
-                values.append(float(line) / MIB_PER_GIB)
-            except ValueError:
-                return None
-    return min(values) if values else None
-
-
-def node_gpu_memory_gib() -> float | None:
-    """GPU memory of this node in GiB, or None when nvidia-smi is missing or fails."""
-    try:
-        result = subprocess.run(NVIDIA_SMI_MEMORY, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
+def smallest_gpu_memory_gib(smi: dict[str, Any]) -> float | None:
+    """The smallest GPU's memory in GiB from the doctor's nvidia-smi reading
+    (``probe.run_nvidia_smi``), or None when nvidia-smi failed or left a size unknown."""
+    sizes: list[int | None] = [gpu.get("memory_mib") for gpu in smi.get("gpus") or []]
+    known = [size for size in sizes if size is not None]
+    if not known or len(known) < len(sizes):
         return None
-    return parse_nvidia_smi_memory(result.stdout) if result.returncode == 0 else None
+    return min(known) / MIB_PER_GIB
 
 
 def read_cluster(address: str, defaults: Hardware, *, network_path: Path | None = None) -> Hardware:
     """Read GPUs per node, GPU memory and bandwidth from the Ray cluster at ``address``."""
-    import ray
+    from rayfleet.cluster import connected, ray_nodes
 
-    try:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-    except (ConnectionError, RuntimeError) as exc:
-        raise RayfleetError(
-            f"no running Ray cluster at address={address!r} ({exc.__class__.__name__}); "
-            "start one with `ray start --head`, or plan without --from-cluster"
-        ) from None
-    try:
-        nodes = ray.nodes()
-        memory = _probe_gpu_memory(ray, gpus_by_node(nodes))
-    finally:
-        ray.shutdown()
-    network = read_network_gbps(network_path or doctor_network_path())
+    with connected(address, hint="or plan without --from-cluster"):
+        nodes = ray_nodes()
+        memory = _probe_gpu_memory(gpus_by_node(nodes))
+    network = read_network_gbps(network_path or network_file())
     return hardware_from_nodes(nodes, memory, network, defaults)
 
 
-def _probe_gpu_memory(ray: Any, counts: dict[str, int]) -> dict[str, float | None]:
-    """Run nvidia-smi once on every GPU node, pinned there with a node-affinity strategy."""
+def _probe_gpu_memory(counts: dict[str, int]) -> dict[str, float | None]:
+    """Run the doctor's nvidia-smi reading once on every GPU node, pinned there."""
+    import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from rayfleet.doctor.probe import run_nvidia_smi
+
     # num_gpus=0: nvidia-smi sees every GPU anyway, and busy GPUs must not block the probe.
-    probe = ray.remote(num_cpus=0, num_gpus=0)(node_gpu_memory_gib)
+    probe = ray.remote(num_cpus=0, num_gpus=0)(run_nvidia_smi)
     refs = {
         node_id: probe.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
@@ -200,7 +176,9 @@ def _probe_gpu_memory(ray: Any, counts: dict[str, int]) -> dict[str, float | Non
         for node_id in counts
     }
     try:
-        values = ray.get(list(refs.values()), timeout=120)
+        readings = ray.get(list(refs.values()), timeout=120)
     except Exception:  # a busy or broken node: fall back to the flag, say so in the notes
         return {node_id: None for node_id in refs}
-    return dict(zip(refs, values, strict=True))
+    return {
+        node_id: smallest_gpu_memory_gib(smi) for node_id, smi in zip(refs, readings, strict=True)
+    }

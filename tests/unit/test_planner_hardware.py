@@ -6,12 +6,13 @@ import json
 
 import pytest
 
+from rayfleet.doctor.probe import parse_nvidia_smi
 from rayfleet.errors import ConfigError, RayfleetError
 from rayfleet.planner.hardware import (
     Hardware,
     hardware_from_nodes,
-    parse_nvidia_smi_memory,
     read_network_gbps,
+    smallest_gpu_memory_gib,
 )
 
 FLAGS = Hardware(gpus_per_node=1, gpu_memory_gib=0.0, inter_node_gbps=100)
@@ -91,7 +92,10 @@ def test_unreadable_gpu_memory_falls_back_to_the_flag_or_asks_for_it():
     assert any("from --gpu-memory-gib" in note for note in hw.notes)
 
 
-def test_nvidia_smi_memory_lines():
-    assert parse_nvidia_smi_memory("81559\n81559\n") == pytest.approx(79.647, abs=0.001)
-    assert parse_nvidia_smi_memory("") is None
-    assert parse_nvidia_smi_memory("[N/A]\n") is None
+def test_gpu_memory_from_the_doctors_nvidia_smi_reading():
+    rows = "0, NVIDIA H100 80GB HBM3, GPU-a, 81559\n1, NVIDIA H100 80GB HBM3, GPU-b, 81559\n"
+    reading = {"found": True, "gpus": parse_nvidia_smi(rows), "error": None}
+    assert smallest_gpu_memory_gib(reading) == pytest.approx(79.647, abs=0.001)
+    assert smallest_gpu_memory_gib({"found": False, "gpus": [], "error": None}) is None
+    unknown = parse_nvidia_smi("0, NVIDIA H100 80GB HBM3, GPU-a, [N/A]\n")
+    assert smallest_gpu_memory_gib({"found": True, "gpus": unknown, "error": None}) is None
