@@ -1,4 +1,5 @@
-"""From ``rayfleet bench`` flags to a run's configuration, checking each flag once."""
+"""From ``rayfleet bench``'s option groups (``bench.options``) to a run's configuration,
+checking each flag once: ``plan_from_options(options) -> BenchPlan``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,14 @@ from rayfleet.bench.client import Target, first_model
 from rayfleet.bench.datasets import DatasetSpec, Tokenizer, load_tokenizer
 from rayfleet.bench.load import LoadShape, check_shape
 from rayfleet.bench.metrics import parse_goodput
+from rayfleet.bench.options import (
+    BenchOptions,
+    DatasetOptions,
+    LoadOptions,
+    OutputOptions,
+    SweepOptions,
+    TargetOptions,
+)
 from rayfleet.bench.sweep import SweepPlan, parse_values
 from rayfleet.errors import RayfleetError
 
@@ -29,43 +38,44 @@ class BenchPlan:
     plot_dir: Path | None
 
 
-def plan_from_flags(flags: dict) -> BenchPlan:
+def plan_from_options(options: BenchOptions) -> BenchPlan:
     """Check every flag (cheap checks first), then find the model and load the tokenizer."""
-    base_url = flags["base_url"] or f"http://{flags['host']}:{flags['port']}"
+    target, output = options.target, options.output
+    base_url = target.base_url or f"http://{target.host}:{target.port}"
     if not base_url.startswith(("http://", "https://")):
         raise RayfleetError(f"--base-url {base_url!r} must start with http:// or https://")
-    if flags["num_processes"] < 1 or flags["num_warmups"] < 0:
+    if options.load.num_processes < 1 or options.load.num_warmups < 0:
         raise RayfleetError("--num-processes must be at least 1 and --num-warmups at least 0")
-    dataset, shape = dataset_from_flags(flags), shape_from_flags(flags)
-    goodput_ms = parse_goodput(flags["goodput"] or [])
-    percentiles = parse_percentiles(flags["metric_percentiles"])
-    price_per_hour = check_price(flags["price_per_hour"])
-    sweep = sweep_from_flags(flags)
+    dataset = dataset_spec(options.dataset)
+    shape = load_shape(options.load, seed=options.dataset.seed)
+    goodput_ms = parse_goodput(output.goodput or [])
+    percentiles = parse_percentiles(output.metric_percentiles)
+    price_per_hour = check_price(output.price_per_hour)
+    sweep = sweep_plan(options.sweep)
     if dataset.name == "jsonl" and dataset.dataset_path and not dataset.dataset_path.is_file():
         raise RayfleetError(f"--dataset-path: cannot read {dataset.dataset_path} (no such file)")
-    model = flags["model"] or first_model(base_url)
+    model = target.model or first_model(base_url)
     if model is None:
         raise RayfleetError(
             f"--model: no model listed at {base_url}/v1/models (is --base-url "
             "right and the server up?); pass --model NAME"
         )
-    target = target_from_flags(flags, base_url, model)
-    tokenizer_id = tokenizer_source(flags["tokenizer"], model)
+    tokenizer_id = tokenizer_source(target.tokenizer, model)
     tokenizer = load_tokenizer(tokenizer_id) if tokenizer_id else None
     config = BenchConfig(
-        target=target,
+        target=request_target(target, base_url, model, dataset.name),
         dataset=dataset,
         shape=shape,
         tokenizer_id=tokenizer_id,
         goodput_ms=goodput_ms,
         percentiles=percentiles,
         price_per_hour=price_per_hour,
-        num_processes=flags["num_processes"],
-        num_warmups=flags["num_warmups"],
-        label=flags["label"],
-        save_detailed=flags["save_detailed"],
+        num_processes=options.load.num_processes,
+        num_warmups=options.load.num_warmups,
+        label=output.label,
+        save_detailed=output.save_detailed,
     )
-    return BenchPlan(config, tokenizer, sweep, result_path(flags, config), flags["plot"])
+    return BenchPlan(config, tokenizer, sweep, result_path(output, config), output.plot)
 
 
 def tokenizer_source(tokenizer: str | None, model: str) -> str | None:
@@ -75,21 +85,21 @@ def tokenizer_source(tokenizer: str | None, model: str) -> str | None:
     return model if Path(model).is_dir() else None
 
 
-def target_from_flags(flags: dict, base_url: str, model: str) -> Target:
-    if not flags["endpoint"].startswith("/"):
-        raise RayfleetError(f"--endpoint {flags['endpoint']!r} must be a path like /v1/completions")
-    if flags["request_timeout_s"] <= 0:
+def request_target(options: TargetOptions, base_url: str, model: str, dataset_name: str) -> Target:
+    if not options.endpoint.startswith("/"):
+        raise RayfleetError(f"--endpoint {options.endpoint!r} must be a path like /v1/completions")
+    if options.request_timeout_s <= 0:
         raise RayfleetError("--request-timeout-s must be positive")
-    ignore_eos = flags["ignore_eos"]
+    ignore_eos = options.ignore_eos
     if ignore_eos is None:
-        ignore_eos = flags["dataset_name"] in SYNTHETIC_DATASETS
+        ignore_eos = dataset_name in SYNTHETIC_DATASETS
     return Target(
         base_url=base_url,
-        endpoint=flags["endpoint"],
-        model=flags["served_model_name"] or model,
+        endpoint=options.endpoint,
+        model=options.served_model_name or model,
         ignore_eos=ignore_eos,
-        request_timeout_s=flags["request_timeout_s"],
-        headers=parse_headers(flags["header"] or []),
+        request_timeout_s=options.request_timeout_s,
+        headers=parse_headers(options.header or []),
     )
 
 
@@ -103,61 +113,57 @@ def parse_headers(items: list[str]) -> dict[str, str]:
     return headers
 
 
-def dataset_from_flags(flags: dict) -> DatasetSpec:
+def dataset_spec(options: DatasetOptions) -> DatasetSpec:
     return DatasetSpec(
-        name=flags["dataset_name"],
-        num_prompts=flags["num_prompts"],
-        random_input_len=flags["random_input_len"],
-        random_output_len=flags["random_output_len"],
-        random_range_ratio=flags["random_range_ratio"],
-        prefix_len=flags["prefix_repetition_prefix_len"],
-        suffix_len=flags["prefix_repetition_suffix_len"],
-        num_prefixes=flags["prefix_repetition_num_prefixes"],
-        mixed_long_input_len=flags["mixed_long_input_len"],
-        mixed_long_fraction=flags["mixed_long_fraction"],
-        dataset_path=flags["dataset_path"],
-        seed=flags["seed"],
+        name=options.dataset_name,
+        num_prompts=options.num_prompts,
+        random_input_len=options.random_input_len,
+        random_output_len=options.random_output_len,
+        random_range_ratio=options.random_range_ratio,
+        prefix_len=options.prefix_repetition_prefix_len,
+        suffix_len=options.prefix_repetition_suffix_len,
+        num_prefixes=options.prefix_repetition_num_prefixes,
+        mixed_long_input_len=options.mixed_long_input_len,
+        mixed_long_fraction=options.mixed_long_fraction,
+        dataset_path=options.dataset_path,
+        seed=options.seed,
     )
 
 
-def shape_from_flags(flags: dict) -> LoadShape:
+def load_shape(options: LoadOptions, *, seed: int) -> LoadShape:
     shape = LoadShape(
-        request_rate=flags["request_rate"],
-        burstiness=flags["burstiness"],
-        max_concurrency=flags["max_concurrency"],
-        ramp_up_strategy=flags["ramp_up_strategy"],
-        ramp_up_start_rps=flags["ramp_up_start_rps"],
-        ramp_up_end_rps=flags["ramp_up_end_rps"],
-        burst_size=flags["burst_size"],
-        burst_interval_s=flags["burst_interval_s"],
-        seed=flags["seed"],
+        request_rate=options.request_rate,
+        burstiness=options.burstiness,
+        max_concurrency=options.max_concurrency,
+        ramp_up_strategy=options.ramp_up_strategy,
+        ramp_up_start_rps=options.ramp_up_start_rps,
+        ramp_up_end_rps=options.ramp_up_end_rps,
+        burst_size=options.burst_size,
+        burst_interval_s=options.burst_interval_s,
+        seed=seed,
     )
     check_shape(shape)
     return shape
 
 
-def sweep_from_flags(flags: dict) -> SweepPlan | None:
-    rates, concurrencies = flags["sweep_request_rates"], flags["sweep_max_concurrency"]
+def sweep_plan(options: SweepOptions) -> SweepPlan | None:
+    rates, concurrencies = options.sweep_request_rates, options.sweep_max_concurrency
     if rates and concurrencies:
         raise RayfleetError(
             "sweep one thing at a time: drop --sweep-request-rates or --sweep-max-concurrency"
         )
-    if not (rates or concurrencies):
+    if rates:
+        variable, values = "request_rate", parse_values(rates, "--sweep-request-rates")
+    elif concurrencies:
+        variable, values = "max_concurrency", parse_values(concurrencies, "--sweep-max-concurrency")
+    else:
         return None
-    if (
-        not 0 <= flags["sweep_min_slo_attainment"] <= 1
-        or not 0 <= flags["sweep_max_error_share"] <= 1
-    ):
+    min_slo, max_errors = options.sweep_min_slo_attainment, options.sweep_max_error_share
+    if not 0 <= min_slo <= 1 or not 0 <= max_errors <= 1:
         raise RayfleetError(
             "--sweep-min-slo-attainment and --sweep-max-error-share are shares in [0, 1]"
         )
-    if rates:
-        variable, values = "request_rate", parse_values(rates, "--sweep-request-rates")
-    else:
-        variable, values = "max_concurrency", parse_values(concurrencies, "--sweep-max-concurrency")
-    return SweepPlan(
-        variable, values, flags["sweep_min_slo_attainment"], flags["sweep_max_error_share"]
-    )
+    return SweepPlan(variable, values, min_slo, max_errors)
 
 
 def parse_percentiles(text: str) -> tuple[float, ...]:
@@ -180,18 +186,16 @@ def check_price(price_per_hour: float | None) -> float | None:
     return price_per_hour
 
 
-def result_path(flags: dict, config: BenchConfig) -> Path | None:
+def result_path(options: OutputOptions, config: BenchConfig) -> Path | None:
     """Where ``--save-result`` writes: its FILE, else ``--result-filename``, else a name
     made like vLLM's (label, rate, concurrency, model, date); under ``--result-dir``."""
-    save = flags["save_result"]
-    if save is None:
-        if flags["result_filename"] or flags["result_dir"]:
+    if options.save_result is None:
+        if options.result_filename or options.result_dir:
             raise RayfleetError("--result-dir and --result-filename need --save-result")
         return None
-    name = save or flags["result_filename"] or default_result_name(config)
-    path = Path(name)
-    if flags["result_dir"] and not path.is_absolute():
-        path = flags["result_dir"] / path
+    path = Path(options.save_result or options.result_filename or default_result_name(config))
+    if options.result_dir and not path.is_absolute():
+        path = options.result_dir / path
     return path
 
 
