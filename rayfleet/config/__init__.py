@@ -1,4 +1,67 @@
-"""fleet.yaml, validated (see rayfleet/config/fleet.py)."""
+"""fleet.yaml, validated: one pydantic model per section, one-line errors.
 
-from rayfleet.config.fleet import *  # noqa: F403
-from rayfleet.config.fleet import _describe, _did_you_mean  # noqa: F401
+    fleet.py     FleetConfig (cluster, gateway, models), ModelConfig, ClusterConfig;
+                 load_fleet / parse_fleet / default_fleet; derived engine arguments
+    gateway.py   GatewayConfig and its policies: limits, routes and rules, fallback
+                 providers, priority classes, API keys, replica protection
+    messages.py  a validation error as one line: field path, reason, "did you mean"
+    base.py      StrictModel, the base of every section (unknown keys are errors)
+
+Everything a caller needs is importable from ``rayfleet.config``. Nothing here imports
+Ray or vLLM; the check of engine arguments against vLLM's parser is in
+rayfleet/control/engine_args.py.
+"""
+
+from rayfleet.config.base import StrictModel
+from rayfleet.config.fleet import (
+    DEMO_ENGINE_ARGS,
+    DEMO_MODEL_NAME,
+    RESERVED_ENGINE_ARGS,
+    ClusterConfig,
+    DerivedArg,
+    FleetConfig,
+    ModelConfig,
+    PlacementStrategy,
+    default_fleet,
+    load_fleet,
+    parse_fleet,
+)
+from rayfleet.config.gateway import (
+    ApiKeyConfig,
+    FallbackConfig,
+    GatewayConfig,
+    LimitsConfig,
+    PriorityClassConfig,
+    ProviderConfig,
+    ReplicaProtectionConfig,
+    RouteConfig,
+    RuleConfig,
+    TimeWindow,
+)
+from rayfleet.config.messages import did_you_mean
+
+__all__ = [
+    "DEMO_ENGINE_ARGS",
+    "DEMO_MODEL_NAME",
+    "RESERVED_ENGINE_ARGS",
+    "ApiKeyConfig",
+    "ClusterConfig",
+    "DerivedArg",
+    "FallbackConfig",
+    "FleetConfig",
+    "GatewayConfig",
+    "LimitsConfig",
+    "ModelConfig",
+    "PlacementStrategy",
+    "PriorityClassConfig",
+    "ProviderConfig",
+    "ReplicaProtectionConfig",
+    "RouteConfig",
+    "RuleConfig",
+    "StrictModel",
+    "TimeWindow",
+    "default_fleet",
+    "did_you_mean",
+    "load_fleet",
+    "parse_fleet",
+]

@@ -54,7 +54,7 @@ def up(
     if detach:
         _up_detached(config_file, port, ready_timeout_s)
         return
-    from rayfleet.config import check_engine_args
+    from rayfleet.control.engine_args import check_engine_args
     from rayfleet.control.fleet import FleetProcess
 
     console.print("checking engine arguments with vLLM's parser")

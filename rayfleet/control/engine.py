@@ -26,16 +26,14 @@ TTFT of 1.0 s against a server-side one under 0.1 s), and kernel threads waited 
 1.9 s for a core. In the session of the replica or test that started it, the yields
 reach the gateway and the client, and the stalls were gone (0 of 16 runs).
 
-``engine_argv`` turns fleet.yaml ``engine_args`` into vLLM's command line:
-``{"max_model_len": 512, "enforce_eager": True}`` becomes
-``--max-model-len 512 --enforce-eager``. Values pass through unchanged; vLLM's
-own parser judges them (see ``check_engine_args``).
+``server_argv`` is the server's whole command line; the engine arguments in it come
+from ``engine_argv`` (rayfleet/control/engine_args.py), unchanged. ``kill_process_group``
+stops a server's group; ``rayfleet down`` uses it for servers its fleet process left.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -47,10 +45,15 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from rayfleet.control.engine_args import engine_argv
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 _LOG_TAIL_BYTES = 4000
+
+if TYPE_CHECKING:
+    import psutil
 
 
 class EngineFailed(RuntimeError):
@@ -61,25 +64,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port the OS reports free right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def engine_argv(engine_args: Mapping[str, Any]) -> list[str]:
-    """fleet.yaml ``engine_args`` as vLLM command-line flags, in order."""
-    argv: list[str] = []
-    for key, value in engine_args.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value is False:
-            argv.append("--no-" + key.replace("_", "-"))
-        elif value is None:
-            continue
-        elif isinstance(value, (dict, list)):
-            argv += [flag, json.dumps(value)]
-        else:
-            argv += [flag, str(value)]
-    return argv
+        port: int = s.getsockname()[1]
+        return port
 
 
 def server_argv(
@@ -151,7 +137,7 @@ class EngineProcess:
         self.port = port
         self.env = dict(env or {})
         self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -161,9 +147,6 @@ class EngineProcess:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    def argv(self) -> list[str]:
-        return server_argv(self.model, self.served_name, self.engine_args, self.host, self.port)
-
     def start(self) -> EngineProcess:
         if self.port is None:
             self.port = free_port(self.host)
@@ -171,10 +154,10 @@ class EngineProcess:
             fd, name = tempfile.mkstemp(prefix=f"vllm-{self.served_name}-", suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
-        log = open(self.log_path, "ab")
-        try:
+        argv = server_argv(self.model, self.served_name, self.engine_args, self.host, self.port)
+        with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                self.argv(),
+                argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -182,8 +165,6 @@ class EngineProcess:
                 process_group=0,  # its own group, its parent's session (see above)
                 preexec_fn=_reset_priority,
             )
-        finally:
-            log.close()
         return self
 
     def alive(self) -> bool:
@@ -195,14 +176,14 @@ class EngineProcess:
             return False
         try:
             with urllib.request.urlopen(self.url + "/health", timeout=timeout_s) as resp:
-                return resp.status == 200
+                return bool(resp.status == 200)
         except (urllib.error.URLError, OSError):
             return False
 
     def wait_healthy(self, timeout_s: float = 600.0, poll_s: float = 0.5) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if not self.alive():
+            if self.proc is None or not self.alive():
                 code = self.proc.returncode if self.proc else None
                 raise EngineFailed(
                     f"vLLM server for {self.served_name!r} exited with code {code} "
@@ -236,11 +217,11 @@ class EngineProcess:
     def __enter__(self) -> EngineProcess:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-def vllm_processes(server_pid: int):
+def vllm_processes(server_pid: int) -> tuple[list[psutil.Process], list[psutil.Process]]:
     """The CPU workers and the engine-core processes under vLLM's server ``server_pid``,
     as two lists of ``psutil.Process`` (told apart by the names vLLM gives them)."""
     import psutil

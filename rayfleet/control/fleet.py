@@ -70,7 +70,9 @@ def deploy(config: FleetConfig, log_dir: Path):
     advertise = "127.0.0.1" if config.cluster.address == "local" else None
     targets = [
         RunTarget(
-            build_application(m, advertise_host=advertise, log_dir=log_dir),
+            build_application(
+                m, config.engine_args_for(m), advertise_host=advertise, log_dir=log_dir
+            ),
             name=m.name,
             route_prefix=None,
         )

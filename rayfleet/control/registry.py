@@ -8,25 +8,30 @@ returns the live entries: a replica whose heartbeats stopped for ``stale_after_s
 (its process was killed outright, its node died) drops out by itself.
 ``claim_core`` spreads the CPU engines of one node over its cores.
 
-An entry: ``{"replica_id", "model", "url", "node_id", "node_ip", "pid",
-"log_path", "registered_at"}``.
+An entry: ``{"replica_id", "model", "url", "node_id", "node_ip", "pid"}``, as the
+gateway's ``ReplicaSet.update`` reads it.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
+from typing import Any
 
 import ray
+from ray.actor import ActorHandle
 
 REGISTRY_NAME = "rayfleet-registry"
 NAMESPACE = "rayfleet"
+
+Entry = dict[str, Any]
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)
 class FleetRegistry:
     def __init__(self, stale_after_s: float = 20.0):
         self.stale_after_s = stale_after_s
-        self._entries: dict[str, dict] = {}
+        self._entries: dict[str, Entry] = {}
         self._seen: dict[str, float] = {}
         self._cores: dict[str, tuple[str, str, int]] = {}  # replica -> (node, model, core)
 
@@ -42,7 +47,7 @@ class FleetRegistry:
         self._cores[replica_id] = (node_id, model, core)
         return core
 
-    def register(self, entry: dict) -> None:
+    def register(self, entry: Entry) -> None:
         self._entries[entry["replica_id"]] = dict(entry)
         self._seen[entry["replica_id"]] = time.monotonic()
 
@@ -58,16 +63,14 @@ class FleetRegistry:
         self._seen.pop(replica_id, None)
         self._cores.pop(replica_id, None)
 
-    def entries(self) -> list[dict]:
+    def entries(self) -> list[Entry]:
         cutoff = time.monotonic() - self.stale_after_s
         return [e for rid, e in self._entries.items() if self._seen.get(rid, 0) >= cutoff]
 
-    def all_entries(self) -> list[dict]:
-        """Every entry ever registered and not deregistered, stale ones included."""
-        return list(self._entries.values())
 
-
-def pick_core(claims, node_id: str, model: str, num_cores: int) -> int:
+def pick_core(
+    claims: Iterable[tuple[str, str, int]], node_id: str, model: str, num_cores: int
+) -> int:
     """Least-claimed core of a node; ties go to the core with fewer replicas of ``model``."""
     num_cores = max(1, num_cores)
     load = [0] * num_cores
@@ -79,11 +82,13 @@ def pick_core(claims, node_id: str, model: str, num_cores: int) -> int:
     return min(range(num_cores), key=lambda c: (load[c], same_model[c], c))
 
 
-def get_or_create_registry():
-    return FleetRegistry.options(
+def get_or_create_registry() -> ActorHandle[Any]:
+    options = FleetRegistry.options(  # type: ignore[attr-defined]
         name=REGISTRY_NAME, namespace=NAMESPACE, get_if_exists=True, lifetime=None
-    ).remote()
+    )
+    handle: ActorHandle[Any] = options.remote()
+    return handle
 
 
-def get_registry():
+def get_registry() -> ActorHandle[Any]:
     return ray.get_actor(REGISTRY_NAME, namespace=NAMESPACE)

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 from ray import serve
+from ray.serve import Application
 
 from rayfleet.config import ModelConfig
 from rayfleet.control.engine import EngineFailed, EngineProcess
@@ -77,17 +77,25 @@ def deployment_options(model: ModelConfig) -> dict[str, Any]:
 
 @serve.deployment
 class VLLMReplica:
-    def __init__(self, model: dict, advertise_host: str | None, log_dir: str):
+    def __init__(
+        self,
+        model: dict[str, Any],
+        engine_args: dict[str, Any],
+        advertise_host: str | None,
+        log_dir: str,
+    ):
         import ray
 
         from rayfleet.control.registry import get_registry
 
         self.model = ModelConfig.model_validate(model)
+        self.engine_args = engine_args
         context = serve.get_replica_context()
         self.replica_id = f"{self.model.name}#{context.replica_id.unique_id}"
         self.node_id = ray.get_runtime_context().get_node_id()
-        self.node_ip = ray.util.get_node_ip_address()
-        self.registry = get_registry()
+        self.node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        # Any: Ray's handle types do not know FleetRegistry's methods.
+        self.registry: Any = get_registry()
         self.engine = self._start_engine(advertise_host or self.node_ip, Path(log_dir))
         self.entry = {
             "replica_id": self.replica_id,
@@ -96,8 +104,6 @@ class VLLMReplica:
             "node_id": self.node_id,
             "node_ip": self.node_ip,
             "pid": self.engine.pid,
-            "log_path": str(self.engine.log_path),
-            "registered_at": time.time(),
         }
         ray.get(self.registry.register.remote(self.entry))
         log.info("replica %s serving %s at %s", self.replica_id, self.model.name, self.engine.url)
@@ -108,7 +114,7 @@ class VLLMReplica:
         engine = EngineProcess(
             self.model.source,
             self.model.name,
-            self.model.engine_args,
+            self.engine_args,
             host=host,
             env=self._engine_env(),
             log_path=log_dir / f"{safe_id}.log",
@@ -128,7 +134,7 @@ class VLLMReplica:
         env = dict(self.model.env)
         if "VLLM_CPU_OMP_THREADS_BIND" not in env:
             cpus = sorted(os.sched_getaffinity(0))
-            index = ray.get(
+            index: int = ray.get(
                 self.registry.claim_core.remote(
                     self.node_id, self.replica_id, self.model.name, len(cpus)
                 )
@@ -147,13 +153,10 @@ class VLLMReplica:
         if not _call(self.registry.heartbeat, self.replica_id):
             _call(self.registry.register, self.entry)
 
-    def info(self) -> dict:
-        return dict(self.entry)
-
     def _deregister(self) -> None:
         _call(self.registry.deregister, self.replica_id)
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self._deregister()
         finally:
@@ -162,18 +165,24 @@ class VLLMReplica:
                 engine.stop()
 
 
-def _call(method, *args, timeout_s: float = 5.0):
+def _call(method: Any, *args: Any, timeout_s: float = 5.0) -> Any:
+    """Call a registry method; None when it fails (the registry may be gone at shutdown)."""
     import ray
 
     try:
         return ray.get(method.remote(*args), timeout=timeout_s)
-    except Exception as exc:  # the registry may be gone during shutdown
+    except Exception as exc:  # noqa: BLE001  (any failure is logged, never raised)
         log.warning("registry call failed: %s", exc)
         return None
 
 
-def build_application(model: ModelConfig, *, advertise_host: str | None, log_dir: Path):
-    """The Ray Serve application that serves one model."""
-    return VLLMReplica.options(**deployment_options(model)).bind(
-        model.model_dump(), advertise_host, str(log_dir)
+def build_application(
+    model: ModelConfig, engine_args: dict[str, Any], *, advertise_host: str | None, log_dir: Path
+) -> Application:
+    """The Ray Serve application that serves one model, its servers started with
+    ``engine_args`` (``FleetConfig.engine_args_for(model)``)."""
+    deployment = VLLMReplica.options(**deployment_options(model))  # type: ignore[attr-defined]
+    app: Application = deployment.bind(
+        model.model_dump(), engine_args, advertise_host, str(log_dir)
     )
+    return app

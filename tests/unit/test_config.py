@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rayfleet.config import FleetConfig, check_engine_args, load_fleet, parse_fleet
+from rayfleet.config import FleetConfig, load_fleet, parse_fleet
+from rayfleet.control.engine_args import check_engine_args
 from rayfleet.errors import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 
 from rayfleet.config import parse_fleet
-from rayfleet.control.engine import engine_argv, server_argv
+from rayfleet.control.engine import server_argv
+from rayfleet.control.engine_args import engine_argv
 from rayfleet.control.registry import pick_core
 from rayfleet.control.replica import deployment_options, placement_bundles
 
