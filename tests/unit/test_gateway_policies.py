@@ -297,8 +297,10 @@ def test_request_parsed_once_then_admitted_with_policies(tiny_model):
 
 def test_priority_classes_turn_on_the_priority_scheduler():
     config = parse_fleet(fleet({"priority_classes": [{"name": "a", "priority": 0}]}))
-    assert all(m.engine_args["scheduling_policy"] == "priority" for m in config.models)
-    assert "scheduling_policy" not in parse_fleet(fleet({})).models[0].engine_args
+    assert all(config.engine_args_for(m)["scheduling_policy"] == "priority" for m in config.models)
+    assert all("scheduling_policy" not in m.engine_args for m in config.models), "user data kept"
+    plain = parse_fleet(fleet({}))
+    assert "scheduling_policy" not in plain.engine_args_for(plain.models[0])
 
 
 @pytest.mark.parametrize(
