@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -178,6 +179,17 @@ def test_missing_hardware_flags_say_what_to_pass():
     result = run_cli(str(FIXTURES / "llama-3.1-8b"))
     assert result.returncode == 2
     assert "--gpus-per-node and --gpu-memory-gib not given" in result.stderr
+
+
+def test_from_cluster_with_no_cluster_at_the_address_is_one_line():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+    result = run_cli(str(FIXTURES / "llama-3.1-8b"), "--from-cluster", "--address", address)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"no Ray cluster at '{address}'" in lines[0] and "without --from-cluster" in lines[0]
 
 
 def test_context_longer_than_the_model_is_refused():
