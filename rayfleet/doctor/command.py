@@ -31,8 +31,8 @@ def doctor(
         "--network/--no-network",
         help="Measure bandwidth and RTT between every pair of nodes.",
     ),
-    net_seconds: float = typer.Option(
-        2.0, "--net-seconds", min=0.1, help="Longest one bandwidth stream runs."
+    net_max_s: float = typer.Option(
+        2.0, "--net-max-s", min=0.1, help="Longest one bandwidth stream runs (seconds)."
     ),
     net_max_mib: int = typer.Option(
         256, "--net-max-mib", min=1, help="Most data one bandwidth stream sends (MiB)."
@@ -54,7 +54,7 @@ def doctor(
         address=address,
         timeout_s=timeout_s,
         network=network,
-        net_seconds=net_seconds,
+        net_max_s=net_max_s,
         net_max_bytes=net_max_mib * 1024**2,
     )
     stderr = Console(stderr=True)

@@ -33,7 +33,7 @@ class DoctorOptions:
     address: str = "auto"
     timeout_s: float = 30.0
     network: bool = True
-    net_seconds: float = 2.0
+    net_max_s: float = 2.0
     net_max_bytes: int = 256 * 1024**2
 
 
@@ -187,7 +187,7 @@ def measure_links(
     by_id = {n.node_id: n for n in nodes}
     rounds = network.pair_rounds(list(by_id))
     total = sum(len(r) for r in rounds)
-    io_timeout_s = options.net_seconds + 10
+    io_timeout_s = options.net_max_s + 10
     peer_class = ray.remote(num_cpus=0, max_restarts=0)(network.LinkPeer)
     peers = {
         n.node_id: peer_class.options(scheduling_strategy=_pinned(n), name=None).remote(
@@ -217,11 +217,11 @@ def measure_links(
                     continue
                 host, port = endpoints[dst_id]
                 ref = peers[src_id].measure.remote(
-                    host, port, options.net_seconds, options.net_max_bytes
+                    host, port, options.net_max_s, options.net_max_bytes
                 )
                 calls[ref] = (by_id[src_id], by_id[dst_id])
             ready, late = ray.wait(
-                list(calls), num_returns=len(calls), timeout=options.net_seconds + io_timeout_s + 5
+                list(calls), num_returns=len(calls), timeout=options.net_max_s + io_timeout_s + 5
             )
             for ref in ready:
                 src, dst = calls[ref]

@@ -28,7 +28,7 @@ from rayfleet.doctor.runner import DoctorOptions, run_doctor
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-SMALL_LINKS = dict(net_seconds=0.5, net_max_bytes=64 * 1024**2)
+SMALL_LINKS = dict(net_max_s=0.5, net_max_bytes=64 * 1024**2)
 
 
 def start_cluster(workers: list[dict], head_env: dict | None = None) -> tuple[Cluster, list]:
@@ -220,7 +220,7 @@ def test_cli_json_and_exit_code(faulty, tmp_path):
             "-c",
             str(fleet_yaml),
             "--json",
-            "--net-seconds",
+            "--net-max-s",
             "0.5",
             "--net-max-mib",
             "64",
@@ -275,7 +275,7 @@ def test_node_killed_during_the_run(tmp_path):
             "--address",
             cluster.address,
             "--json",
-            "--net-seconds",
+            "--net-max-s",
             "2",
             "--net-max-mib",
             "100000",
