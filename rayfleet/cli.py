@@ -15,6 +15,7 @@ from rayfleet.bench.command import app as bench_app
 from rayfleet.control.command import down, status, up
 from rayfleet.doctor.command import doctor
 from rayfleet.errors import RayfleetError
+from rayfleet.gateway.command import app as keys_app
 from rayfleet.models.command import app as models_app
 from rayfleet.planner.command import plan
 
@@ -31,6 +32,7 @@ app.command()(plan)
 app.command()(doctor)
 app.add_typer(models_app, name="models")
 app.add_typer(bench_app, name="bench")
+app.add_typer(keys_app, name="keys")
 
 
 def main() -> None:

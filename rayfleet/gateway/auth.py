@@ -1,9 +1,7 @@
 """API keys: stored only as SHA-256 hashes, looked up by the hash of what a client sends.
 
-Make the hash of a key for fleet.yaml's ``key_sha256``::
-
-    python -m rayfleet.gateway.auth < keyfile          # or: echo -n "$KEY" | python -m ...
-    python -c "from rayfleet.gateway.auth import hash_key; print(hash_key('sk-...'))"
+Make the hash of a key for fleet.yaml's ``key_sha256`` with ``rayfleet keys hash < keyfile``
+(or type the key at its prompt), which calls ``hash_key``.
 
 Keys are never logged; errors name the key's configured ``name`` only.
 """
@@ -11,7 +9,6 @@ Keys are never logged; errors name the key's configured ``name`` only.
 from __future__ import annotations
 
 import hashlib
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,14 +93,3 @@ class KeyTable:
                 401, "Incorrect API key provided.", code="invalid_api_key", reason="unauthorized"
             )
         return found
-
-
-def main() -> None:
-    key = sys.stdin.readline().strip() if len(sys.argv) < 2 else sys.argv[1]
-    if not key:
-        sys.exit("give the key on stdin (python -m rayfleet.gateway.auth < keyfile)")
-    print(hash_key(key))
-
-
-if __name__ == "__main__":
-    main()
