@@ -452,9 +452,5 @@ def _rank(status: Status) -> int:
     return [Status.OK, Status.INFO, Status.WARN, Status.FAIL].index(status)
 
 
-def worst(statuses: list[Status]) -> Status:
-    return max(statuses, key=_rank, default=Status.OK)
-
-
 def _gib(num_bytes: int | float) -> str:
     return f"{num_bytes / GIB:.1f} GiB" if num_bytes >= GIB else f"{num_bytes / 1024**2:.0f} MiB"

@@ -57,10 +57,6 @@ class GpuMemory:
     kv_tokens: int  # tokens the replica can hold in KV cache
     budget_bytes: int  # what the GPU may use in total
 
-    @property
-    def weights_fit(self) -> bool:
-        return self.kv_cache_bytes > 0
-
 
 def stage_layer_counts(num_layers: int, pp: int) -> list[int]:
     """Layers per pipeline stage, split as vLLM does (extra layers go to the middle stages)."""
