@@ -59,7 +59,8 @@ def _model_table(plan: Plan) -> Table:
         ),
         (
             "weights",
-            f"{model['weight_format']} ({model['dtype']} activations), {model['weights_gib']:.2f} GiB",
+            f"{model['weight_format']} ({model['dtype']} activations), "
+            f"{model['weights_gib']:.2f} GiB",
         ),
         ("KV cache per token", f"{model['kv_bytes_per_token'] / 1024:.1f} KiB"),
         ("max context", f"{model['max_context']:,}"),
