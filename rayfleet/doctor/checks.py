@@ -255,7 +255,7 @@ def judge_nccl(nccl: dict[str, Any], num_gpus: float) -> tuple[Status, str, str]
     interfaces = list(nccl.get("interfaces") or [])
     ib = list(nccl.get("ib_devices") or [])
     shown = [f"{k}={v}" for k, v in sorted(env.items())]
-    value = ", ".join(shown + [f"IB: {', '.join(ib) if ib else 'none'}"])
+    value = ", ".join([*shown, f"IB: {', '.join(ib) if ib else 'none'}"])
     for variable in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
         spec = env.get(variable)
         if spec is not None and not match_interfaces(spec, interfaces):
@@ -401,7 +401,7 @@ def run_node_checks(node: Node, facts: dict[str, Any], ctx: Context) -> list[Che
         name = check.__name__.removeprefix("check_")
         try:
             results.extend(check(node, facts, ctx))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a broken check is one line, not a traceback
             results.append(
                 result_for(
                     node,
@@ -419,7 +419,7 @@ def run_cluster_checks(ctx: Context) -> list[CheckResult]:
     for check in CLUSTER_CHECKS:
         try:
             results.extend(check(ctx))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a broken check is one line, not a traceback
             results.append(
                 cluster_result(
                     check.__name__.removeprefix("check_"),

@@ -77,7 +77,7 @@ def probe_node(request: dict[str, Any]) -> dict[str, Any]:
 def _guarded(read: Callable[[], Any]) -> Any:
     try:
         return read()
-    except Exception as exc:  # a probe part must never sink the whole probe
+    except Exception as exc:  # noqa: BLE001 - a probe part must never sink the whole probe
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
@@ -153,7 +153,7 @@ def run_nvidia_smi() -> dict[str, Any]:
 
 
 def parse_nvidia_smi(text: str) -> list[dict[str, Any]]:
-    """Rows of ``nvidia-smi --query-gpu=index,name,uuid,memory.total --format=csv,noheader,nounits``."""
+    """Rows of ``nvidia-smi --query-gpu=<SMI_QUERY> --format=csv,noheader,nounits``."""
     gpus = []
     for line in text.splitlines():
         fields = [f.strip() for f in line.split(",")]
@@ -183,7 +183,7 @@ def node_environment() -> dict[str, str]:
         parent = psutil.Process().parent()
         if parent is not None and parent.name().startswith("raylet"):
             return dict(parent.environ())
-    except Exception:
+    except Exception:  # noqa: BLE001 - psutil missing, or the raylet's environment unreadable
         pass
     return dict(os.environ)
 
@@ -329,7 +329,7 @@ def _port_holder(port: int) -> str | None:
                 if conn.pid is None:
                     return "another user's process"
                 return f"pid {conn.pid} ({psutil.Process(conn.pid).name()})"
-    except Exception:
+    except Exception:  # noqa: BLE001 - psutil missing or denied: the holder stays unnamed
         return None
     return None
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     """``fail`` makes ``rayfleet doctor`` exit 1; ``info`` is a fact, not a problem."""
 
     OK = "ok"

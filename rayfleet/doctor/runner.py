@@ -122,6 +122,7 @@ def probe_nodes(
 ) -> tuple[dict[str, dict[str, Any]], list[CheckResult]]:
     """Run ``probe_node`` on every node at once; return facts of those that answered."""
     import ray
+    from ray.exceptions import RayError
 
     _pickle_by_value()
     task = ray.remote(num_cpus=0, max_retries=0)(probe.probe_node)
@@ -140,7 +141,7 @@ def probe_nodes(
             node = pending.pop(ref)
             try:
                 facts[node.node_id] = ray.get(ref)
-            except Exception as exc:
+            except RayError as exc:
                 failures.append(
                     result_for(
                         node,
@@ -183,6 +184,7 @@ def measure_links(
     if len(nodes) < 2:
         return [], []
     import ray
+    from ray.exceptions import RayError
 
     by_id = {n.node_id: n for n in nodes}
     rounds = network.pair_rounds(list(by_id))
@@ -227,7 +229,7 @@ def measure_links(
                 src, dst = calls[ref]
                 try:
                     measured = ray.get(ref)
-                except Exception as exc:
+                except RayError as exc:
                     results.append(_link_failure(src, dst, _ray_reason(exc)))
                     continue
                 link = LinkMeasurement(
@@ -249,6 +251,7 @@ def measure_links(
 def _listen_all(peers: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """Start every peer's server; ``id -> (ip, port)``, and ``id + '!' -> reason`` on failure."""
     import ray
+    from ray.exceptions import RayError
 
     refs = {peers[node_id].listen.remote(): node_id for node_id in peers}
     ready, late = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
@@ -256,7 +259,7 @@ def _listen_all(peers: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     for ref in ready:
         try:
             endpoints[refs[ref]] = tuple(ray.get(ref))
-        except Exception as exc:
+        except RayError as exc:
             endpoints[refs[ref] + "!"] = _ray_reason(exc)
     for ref in late:
         endpoints[refs[ref] + "!"] = "did not start in time"

@@ -115,7 +115,7 @@ def _write_tiny(out: Path, *, seed: int) -> None:
     trainer = trainers.BpeTrainer(
         vocab_size=512,
         special_tokens=["<s>", "</s>", "<unk>"],
-        initial_alphabet=sorted(set(string.printable) - {" "}) + ["\u2581"],
+        initial_alphabet=[*sorted(set(string.printable) - {" "}), "\u2581"],
         show_progress=False,
     )
     tok.train_from_iterator([_CORPUS] * 20, trainer=trainer)

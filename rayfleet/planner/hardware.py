@@ -163,6 +163,7 @@ def read_cluster(address: str, defaults: Hardware, *, network_path: Path | None 
 def _probe_gpu_memory(counts: dict[str, int]) -> dict[str, float | None]:
     """Run the doctor's nvidia-smi reading once on every GPU node, pinned there."""
     import ray
+    from ray.exceptions import RayError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from rayfleet.doctor.probe import run_nvidia_smi
@@ -177,7 +178,7 @@ def _probe_gpu_memory(counts: dict[str, int]) -> dict[str, float | None]:
     }
     try:
         readings = ray.get(list(refs.values()), timeout=120)
-    except Exception:  # a busy or broken node: fall back to the flag, say so in the notes
+    except RayError:  # a busy or broken node: fall back to the flag, say so in the notes
         return {node_id: None for node_id in refs}
     return {
         node_id: smallest_gpu_memory_gib(smi) for node_id, smi in zip(refs, readings, strict=True)

@@ -28,6 +28,8 @@ def test_nothing_listening_names_the_address_and_the_callers_fix(scheme):
 
 
 def test_an_address_that_is_not_one_is_refused_before_ray_starts():
-    with pytest.raises(RayfleetError, match="'head' is not 'auto', 'local', host:port"):
-        with connected("head", hint="or pass --address"):
-            pass
+    with (
+        pytest.raises(RayfleetError, match="'head' is not 'auto', 'local', host:port"),
+        connected("head", hint="or pass --address"),
+    ):
+        pass

@@ -153,7 +153,7 @@ def test_malformed_json_names_the_file(tmp_path):
 
 def test_unknown_quantization_says_what_to_pass(tmp_path):
     path = write_config(tmp_path, quantization_config={"quant_method": "mystery"})
-    with pytest.raises(ConfigError, match="quant_method 'mystery'.*--quantization"):
+    with pytest.raises(ConfigError, match=r"quant_method 'mystery'.*--quantization"):
         load_model_spec(str(path))
 
 
@@ -161,5 +161,5 @@ def test_missing_model_says_where_it_looked(tmp_path):
     with pytest.raises(ConfigError, match="not a file, a directory, or a model id"):
         load_model_spec(str(tmp_path / "nope"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match="no config.json in this directory"):
+    with pytest.raises(ConfigError, match=r"no config\.json in this directory"):
         load_model_spec(str(tmp_path / "empty"))
