@@ -7,9 +7,15 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from rich.progress import TaskID
 
 
 def doctor(
@@ -72,7 +78,7 @@ def doctor(
 
 
 @contextlib.contextmanager
-def _stdout_to_stderr():
+def _stdout_to_stderr() -> Iterator[None]:
     sys.stdout.flush()
     saved = os.dup(1)
     os.dup2(2, 1)
@@ -97,13 +103,13 @@ class _progress:
             console=console,
             transient=True,
         )
-        self._tasks: dict[str, int] = {}
+        self._tasks: dict[str, TaskID] = {}
 
-    def __enter__(self):
+    def __enter__(self) -> Callable[[str, int, int], None]:
         self._bar.start()
         return self.update
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._bar.stop()
 
     def update(self, phase: str, done: int, total: int) -> None:

@@ -64,7 +64,7 @@ class LinkPeer:
         if host is None:
             import ray
 
-            host = ray.util.get_node_ip_address()
+            host = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         server.bind((host, 0))
@@ -110,7 +110,7 @@ class LinkPeer:
                 sock.sendall(payload)
                 sent += len(payload)
             sock.shutdown(socket.SHUT_WR)
-            received = struct.unpack("!Q", _recv_exact(sock, 8))[0]
+            received: int = struct.unpack("!Q", _recv_exact(sock, 8))[0]
             elapsed = time.perf_counter() - started
         return received * 8 / elapsed / 1e9
 

@@ -86,7 +86,9 @@ def _guarded(read: Callable[[], Any]) -> Any:
 
 def read_versions() -> dict[str, dict[str, str | None]]:
     """Version and location of Python and of each package as this node would import it."""
-    versions = {"python": {"version": platform.python_version(), "location": sys.executable}}
+    versions: dict[str, dict[str, str | None]] = {
+        "python": {"version": platform.python_version(), "location": sys.executable}
+    }
     for module, dists in PACKAGES.items():
         versions[module] = package_version(module, dists)
     return versions

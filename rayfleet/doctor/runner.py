@@ -129,8 +129,8 @@ def probe_nodes(
     pending: dict[Any, Node] = {}
     for node in nodes:
         request = probe_request(node, needs)
-        ref = task.options(scheduling_strategy=_pinned(node), name="rayfleet-doctor-probe")
-        pending[ref.remote(request)] = node
+        pinned = task.options(scheduling_strategy=_pinned(node), name="rayfleet-doctor-probe")
+        pending[pinned.remote(request)] = node
     facts: dict[str, dict[str, Any]] = {}
     failures: list[CheckResult] = []
     deadline = time.monotonic() + timeout_s
@@ -191,7 +191,7 @@ def measure_links(
     total = sum(len(r) for r in rounds)
     io_timeout_s = options.net_max_s + 10
     peer_class = ray.remote(num_cpus=0, max_restarts=0)(network.LinkPeer)
-    peers = {
+    peers: dict[str, Any] = {
         n.node_id: peer_class.options(scheduling_strategy=_pinned(n), name=None).remote(
             io_timeout_s
         )
@@ -291,7 +291,7 @@ def _pickle_by_value() -> None:
 
     for module in (probe, network, _home):
         with contextlib.suppress(ValueError):
-            cloudpickle.register_pickle_by_value(module)
+            cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
 
 
 def _ray_reason(exc: Exception) -> str:

@@ -29,9 +29,12 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from rayfleet._home import rayfleet_home
+
+Progress = Callable[[str], None]
 
 COMPLETE_MARKER = ".rayfleet-complete"
 TINY_VERSION = "tiny-2"
@@ -69,7 +72,7 @@ def make_tiny(out: Path | None = None, *, seed: int = 0) -> Path:
     return out
 
 
-def make_demo(out: Path | None = None, *, progress=print) -> Path:
+def make_demo(out: Path | None = None, *, progress: Progress = print) -> Path:
     """Rebuild SmolLM2-135M-Instruct (float32) into ``out`` (cached) and return its path."""
     out = Path(out) if out else default_model_dir(DEMO_NAME)
     if is_complete(out, DEMO_VERSION):
@@ -94,7 +97,7 @@ class _staging:
         self.tmp.chmod(0o755)
         return self.tmp
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return
@@ -119,7 +122,7 @@ def _write_tiny(out: Path, *, seed: int) -> None:
         show_progress=False,
     )
     tok.train_from_iterator([_CORPUS] * 20, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
     fast.chat_template = (
@@ -140,15 +143,15 @@ def _write_tiny(out: Path, *, seed: int) -> None:
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         tie_word_embeddings=False,
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
     model.save_pretrained(out)
     _force_dtype(out, "float32")
 
 
-def _demo_gguf(progress) -> Path:
+def _demo_gguf(progress: Progress) -> Path:
     cache = rayfleet_home() / "downloads"
     gguf = cache / DEMO_GGUF
     if gguf.exists():
@@ -178,7 +181,7 @@ def _write_demo(out: Path, gguf: Path) -> None:
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32
     )
     # A GGUF-loaded model keeps its quantizer; drop it so save_pretrained writes plain weights.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out)

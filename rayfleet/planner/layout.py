@@ -158,7 +158,9 @@ def all_layouts(
     return [evaluate(spec, tp, pp, hw, workload, settings) for tp, pp in candidate_shapes(spec, hw)]
 
 
-def preference_key(layout: Layout, target: int | None) -> tuple:
+def preference_key(
+    layout: Layout, target: int | None
+) -> tuple[int, bool, bool, int, bool, int, float, int]:
     """Sort key: span the fewest nodes, avoid cross-node TP, meet the target load, use
     the fewest pipeline stages (inside a node TP's all-reduces are cheap and PP only
     adds bubbles; across nodes TP fills each node and PP spans them), leave no GPU idle,

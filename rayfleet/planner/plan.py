@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from rayfleet.errors import ConfigError
 from rayfleet.planner.hardware import Hardware
@@ -59,7 +60,7 @@ class Plan:
     def fits(self) -> bool:
         return self.chosen is not None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The ``--json`` document."""
         chosen = _layout_dict(self.chosen) if self.chosen else _empty_layout()
         return {
@@ -81,7 +82,7 @@ class Plan:
         }
 
 
-def _layout_dict(layout: Layout) -> dict:
+def _layout_dict(layout: Layout) -> dict[str, Any]:
     return {
         "tensor_parallel": layout.tensor_parallel,
         "pipeline_parallel": layout.pipeline_parallel,
@@ -100,7 +101,7 @@ def _layout_dict(layout: Layout) -> dict:
     }
 
 
-def _empty_layout() -> dict:
+def _empty_layout() -> dict[str, Any]:
     return {
         "tensor_parallel": None,
         "pipeline_parallel": None,
@@ -114,7 +115,7 @@ def _empty_layout() -> dict:
     }
 
 
-def _model_dict(spec: ModelSpec) -> dict:
+def _model_dict(spec: ModelSpec) -> dict[str, Any]:
     return {
         "name": spec.name,
         "source": spec.source,
