@@ -2,46 +2,25 @@
 
 Checks are independent and pure (facts in, results out), so they are tested without a
 cluster. A node check is ``check(node, facts, ctx) -> list[CheckResult]``; a cluster check
-is ``check(ctx) -> list[CheckResult]``.
+is ``check(ctx) -> list[CheckResult]`` (``Context`` is in ``context.py``). The GPU checks
+are in ``gpus.py``; ``run_node_checks`` and ``run_cluster_checks`` run them all.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+from rayfleet.doctor.context import GIB, Context, ProbeError, gib, part
+from rayfleet.doctor.gpus import check_gpus, check_gpus_cluster
 from rayfleet.doctor.needs import FleetNeeds
 from rayfleet.doctor.result import CheckResult, Node, Status, cluster_result, result_for
 
-GIB = 1024**3
 SHM_FAIL_BYTES = 1 * GIB
 SHM_WARN_BYTES = 8 * GIB
 DISK_FAIL_BYTES = 2 * GIB
 DISK_WARN_BYTES = 20 * GIB
 VERSIONED = ("python", "ray", "vllm", "torch", "rayfleet")
-CONTAINER_HINT = (
-    "run the container with `--gpus all` on the NVIDIA container runtime "
-    "(nvidia-container-toolkit), then restart Ray on this node"
-)
-
-
-@dataclass
-class Context:
-    """What every check may look at beside its own node's facts."""
-
-    nodes: list[Node]
-    facts: dict[str, dict[str, Any]]  # node id -> probe facts, for nodes that answered
-    needs: FleetNeeds = field(default_factory=FleetNeeds)
-
-    @property
-    def head(self) -> Node | None:
-        return next((n for n in self.nodes if n.is_head), None)
-
-    @property
-    def head_facts(self) -> dict[str, Any] | None:
-        head = self.head
-        return self.facts.get(head.node_id) if head else None
 
 
 NodeCheck = Callable[[Node, dict[str, Any], Context], list[CheckResult]]
@@ -51,9 +30,9 @@ NodeCheck = Callable[[Node, dict[str, Any], Context], list[CheckResult]]
 
 
 def check_versions(node: Node, facts: dict[str, Any], ctx: Context) -> list[CheckResult]:
-    mine = _part(facts, "versions")
+    mine = part(facts, "versions")
     head_facts = ctx.head_facts
-    head = _part(head_facts, "versions") if head_facts else mine
+    head = part(head_facts, "versions") if head_facts else mine
     status, problems, fixes = Status.OK, [], []
     for name in VERSIONED:
         have = (mine.get(name) or {}).get("version")
@@ -95,131 +74,11 @@ def _needed(name: str, needs: FleetNeeds) -> bool:
     return name in ("python", "ray", "rayfleet") or (needs.given and name == "vllm")
 
 
-# --- GPUs -------------------------------------------------------------------------
-
-
-def check_gpus(node: Node, facts: dict[str, Any], ctx: Context) -> list[CheckResult]:
-    gpus = _part(facts, "gpus")
-    status, value, fix = judge_gpus(
-        smi=gpus.get("nvidia_smi") or {},
-        driver_gpus=int(gpus.get("driver_gpus") or 0),
-        cuda_visible=gpus.get("cuda_visible_devices"),
-        ray_gpus=node.num_gpus,
-    )
-    return [result_for(node, "gpus", status, value, fix)]
-
-
-def judge_gpus(
-    smi: dict[str, Any], driver_gpus: int, cuda_visible: str | None, ray_gpus: float
-) -> tuple[Status, str, str]:
-    """GPUs the OS sees (nvidia-smi, the kernel driver) against the GPUs Ray registered."""
-    os_gpus = len(smi.get("gpus") or [])
-    visible = visible_count(cuda_visible, os_gpus)
-    names = sorted({g["name"] for g in smi.get("gpus") or []})
-    seen = f"OS {os_gpus} ({', '.join(names)})" if os_gpus else "OS 0"
-    value = f"{seen}, Ray {ray_gpus:g}" + (
-        f", CUDA_VISIBLE_DEVICES={cuda_visible!r}" if cuda_visible is not None else ""
-    )
-    if smi.get("error"):
-        if driver_gpus or ray_gpus:
-            return (
-                Status.FAIL,
-                f"nvidia-smi failed: {smi['error']}",
-                "the NVIDIA driver is unreachable here; " + CONTAINER_HINT,
-            )
-        return Status.WARN, f"nvidia-smi failed: {smi['error']}", "check the NVIDIA driver"
-    if os_gpus == 0:
-        if driver_gpus:
-            return (
-                Status.FAIL,
-                f"the host driver has {driver_gpus} GPUs, this node sees none",
-                CONTAINER_HINT,
-            )
-        if ray_gpus:
-            return (
-                Status.FAIL,
-                value,
-                "Ray was started with --num-gpus but no GPU is visible; "
-                "restart Ray on this node without --num-gpus or " + CONTAINER_HINT,
-            )
-        return Status.OK, "no GPU (CPU node)", ""
-    if ray_gpus == 0:
-        if visible == 0 and cuda_visible is not None:
-            return (
-                Status.FAIL,
-                value,
-                "CUDA_VISIBLE_DEVICES hides every GPU from Ray: unset it "
-                "where Ray starts, then restart Ray on this node",
-            )
-        return (
-            Status.FAIL,
-            value,
-            "Ray registered no GPU although the OS sees them: restart "
-            f"Ray on this node with `--num-gpus {visible}`; in a container, " + CONTAINER_HINT,
-        )
-    if ray_gpus > visible:
-        hidden = (
-            f"CUDA_VISIBLE_DEVICES={cuda_visible!r} hides {os_gpus - visible} of them: fix "
-            "it where Ray starts, or "
-            if visible < os_gpus
-            else ""
-        )
-        return (
-            Status.FAIL,
-            value,
-            f"Ray claims {ray_gpus:g} GPU(s) but {visible} are visible; "
-            f"{hidden}restart Ray on this node with `--num-gpus {visible}`",
-        )
-    if ray_gpus < visible:
-        return (
-            Status.WARN,
-            value,
-            f"Ray uses {ray_gpus:g} of {visible} visible GPUs: restart Ray "
-            f"with `--num-gpus {visible}` to use them all",
-        )
-    return Status.OK, value, ""
-
-
-def visible_count(cuda_visible: str | None, os_gpus: int) -> int:
-    """GPUs left visible by CUDA_VISIBLE_DEVICES (unset: all of them)."""
-    if cuda_visible is None:
-        return os_gpus
-    entries = [e.strip() for e in cuda_visible.split(",") if e.strip()]
-    count = 0
-    for entry in entries:
-        if entry.lstrip("-").isdigit() and int(entry) < 0:
-            break  # CUDA stops at the first invalid index
-        count += 1
-    return min(count, os_gpus)
-
-
-def check_gpus_cluster(ctx: Context) -> list[CheckResult]:
-    """No GPU anywhere is a fact on a CPU cluster and a failure for a fleet that needs them."""
-    answered = [n for n in ctx.nodes if n.node_id in ctx.facts]
-    if any(n.num_gpus > 0 for n in ctx.nodes):
-        return []
-    gpu_models = ctx.needs.gpu_models
-    if gpu_models:
-        return [
-            cluster_result(
-                "gpus",
-                Status.FAIL,
-                f"no node has a GPU; {', '.join(gpu_models)} need them",
-                "add GPU nodes or set num_gpus: 0 for a CPU engine",
-            )
-        ]
-    return [
-        cluster_result(
-            "gpus", Status.INFO, f"CPU-only cluster: no GPU on any of {len(answered)} nodes"
-        )
-    ]
-
-
 # --- shared memory ----------------------------------------------------------------
 
 
 def check_shm(node: Node, facts: dict[str, Any], ctx: Context) -> list[CheckResult]:
-    shm = _part(facts, "shm")
+    shm = part(facts, "shm")
     status, value, fix = judge_shm(shm.get("total_bytes"), ctx.needs.parallel_models)
     return [result_for(node, "shm", status, value, fix)]
 
@@ -228,7 +87,7 @@ def judge_shm(total_bytes: int | None, parallel_models: list[str]) -> tuple[Stat
     fix = "give the container more shared memory: `docker run --ipc host` or `--shm-size 16g`"
     if total_bytes is None:
         return Status.FAIL if parallel_models else Status.WARN, "/dev/shm missing", fix
-    value = f"/dev/shm {_gib(total_bytes)}"
+    value = f"/dev/shm {gib(total_bytes)}"
     if total_bytes < SHM_FAIL_BYTES:
         if parallel_models:
             return (
@@ -246,7 +105,7 @@ def judge_shm(total_bytes: int | None, parallel_models: list[str]) -> tuple[Stat
 
 
 def check_nccl(node: Node, facts: dict[str, Any], ctx: Context) -> list[CheckResult]:
-    status, value, fix = judge_nccl(_part(facts, "nccl"), node.num_gpus)
+    status, value, fix = judge_nccl(part(facts, "nccl"), node.num_gpus)
     return [result_for(node, "nccl", status, value, fix)]
 
 
@@ -306,11 +165,11 @@ def match_interfaces(spec: str, interfaces: list[str]) -> list[str]:
 def check_disk(node: Node, facts: dict[str, Any], ctx: Context) -> list[CheckResult]:
     disks = facts.get("disk")
     if not isinstance(disks, list):
-        raise ProbeError(_part(facts, "disk"))
+        raise ProbeError(part(facts, "disk"))
     results = []
     for disk in disks:
         free = disk["free_bytes"]
-        value = f"{_gib(free)} free under {disk['path']}"
+        value = f"{gib(free)} free under {disk['path']}"
         fix = f"free space under {disk['path']} or point HF_HOME / RAYFLEET_HOME to a larger disk"
         if free < DISK_FAIL_BYTES:
             results.append(result_for(node, "disk", Status.FAIL, value, fix))
@@ -324,7 +183,7 @@ def check_disk(node: Node, facts: dict[str, Any], ctx: Context) -> list[CheckRes
 def check_models(node: Node, facts: dict[str, Any], ctx: Context) -> list[CheckResult]:
     sources = facts.get("models")
     if not isinstance(sources, list):
-        raise ProbeError(_part(facts, "models"))
+        raise ProbeError(part(facts, "models"))
     by_name = {s["name"]: s for s in sources}
     results = []
     for model in ctx.needs.models:
@@ -362,7 +221,7 @@ def check_models(node: Node, facts: dict[str, Any], ctx: Context) -> list[CheckR
 def check_ports(node: Node, facts: dict[str, Any], ctx: Context) -> list[CheckResult]:
     ports = facts.get("ports")
     if not isinstance(ports, list):
-        raise ProbeError(_part(facts, "ports"))
+        raise ProbeError(part(facts, "ports"))
     results = []
     for port in ports:
         check = f"port {port['port']}"
@@ -430,19 +289,6 @@ def run_cluster_checks(ctx: Context) -> list[CheckResult]:
     return results
 
 
-class ProbeError(Exception):
-    """A part of the node's probe failed; the message is the probe's own reason."""
-
-
-def _part(facts: dict[str, Any] | None, name: str) -> dict[str, Any]:
-    part = (facts or {}).get(name)
-    if not isinstance(part, dict):
-        raise ProbeError(f"no {name} facts from this node")
-    if "error" in part:
-        raise ProbeError(part["error"])
-    return part
-
-
 def _reason(exc: Exception) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -450,7 +296,3 @@ def _reason(exc: Exception) -> str:
 
 def _rank(status: Status) -> int:
     return [Status.OK, Status.INFO, Status.WARN, Status.FAIL].index(status)
-
-
-def _gib(num_bytes: int | float) -> str:
-    return f"{num_bytes / GIB:.1f} GiB" if num_bytes >= GIB else f"{num_bytes / 1024**2:.0f} MiB"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rayfleet import _home
 from rayfleet.cluster import connected, ray_nodes
 from rayfleet.doctor import checks, network, probe
-from rayfleet.doctor.checks import Context
+from rayfleet.doctor.context import Context
 from rayfleet.doctor.needs import FleetNeeds, fleet_needs
 from rayfleet.doctor.network import LinkMeasurement
 from rayfleet.doctor.result import CheckResult, Node, Status, result_for
@@ -184,7 +184,6 @@ def measure_links(
     if len(nodes) < 2:
         return [], []
     import ray
-    from ray.exceptions import RayError
 
     by_id = {n.node_id: n for n in nodes}
     rounds = network.pair_rounds(list(by_id))
@@ -204,47 +203,65 @@ def measure_links(
     try:
         endpoints = _listen_all(peers, options.timeout_s)
         for pairs in rounds:
-            calls = {}
-            for src_id, dst_id in pairs:
-                if dst_id not in endpoints or src_id not in endpoints:
-                    dead = dst_id if dst_id not in endpoints else src_id
-                    results.append(
-                        _link_failure(
-                            by_id[src_id],
-                            by_id[dst_id],
-                            f"no peer on {by_id[dead].label}: "
-                            f"{endpoints.get(dead + '!', 'did not start')}",
-                        )
-                    )
-                    continue
-                host, port = endpoints[dst_id]
-                ref = peers[src_id].measure.remote(
-                    host, port, options.net_max_s, options.net_max_bytes
-                )
-                calls[ref] = (by_id[src_id], by_id[dst_id])
-            ready, late = ray.wait(
-                list(calls), num_returns=len(calls), timeout=options.net_max_s + io_timeout_s + 5
+            calls, failed = _start_round(pairs, by_id, peers, endpoints, options)
+            measured, answers = _collect_round(
+                calls, needs, timeout_s=options.net_max_s + io_timeout_s + 5
             )
-            for ref in ready:
-                src, dst = calls[ref]
-                try:
-                    measured = ray.get(ref)
-                except RayError as exc:
-                    results.append(_link_failure(src, dst, _ray_reason(exc)))
-                    continue
-                link = LinkMeasurement(
-                    src.node_id, dst.node_id, src.ip, dst.ip, measured["gbps"], measured["rtt_ms"]
-                )
-                links.append(link)
-                results.append(network.link_result(src, dst, link, needs))
-            for ref in late:
-                src, dst = calls[ref]
-                results.append(_link_failure(src, dst, "no answer in time"))
+            links.extend(measured)
+            results.extend(failed + answers)
             done += len(pairs)
             progress("measuring links", done, total)
     finally:
         for peer in peers.values():
             ray.kill(peer)
+    return links, results
+
+
+def _start_round(
+    pairs: Sequence[tuple[str, str]],
+    by_id: dict[str, Node],
+    peers: dict[str, Any],
+    endpoints: dict[str, Any],
+    options: DoctorOptions,
+) -> tuple[dict[Any, tuple[Node, Node]], list[CheckResult]]:
+    """Start one round's measurements; ``ref -> (src, dst)``, and pairs without a peer."""
+    calls: dict[Any, tuple[Node, Node]] = {}
+    failures: list[CheckResult] = []
+    for src_id, dst_id in pairs:
+        if dst_id not in endpoints or src_id not in endpoints:
+            dead = dst_id if dst_id not in endpoints else src_id
+            reason = f"no peer on {by_id[dead].label}: {endpoints.get(dead + '!', 'did not start')}"
+            failures.append(_link_failure(by_id[src_id], by_id[dst_id], reason))
+            continue
+        host, port = endpoints[dst_id]
+        ref = peers[src_id].measure.remote(host, port, options.net_max_s, options.net_max_bytes)
+        calls[ref] = (by_id[src_id], by_id[dst_id])
+    return calls, failures
+
+
+def _collect_round(
+    calls: dict[Any, tuple[Node, Node]], needs: FleetNeeds, *, timeout_s: float
+) -> tuple[list[LinkMeasurement], list[CheckResult]]:
+    """Wait for one round's measurements; a late or failed pair is a failed line."""
+    import ray
+    from ray.exceptions import RayError
+
+    links: list[LinkMeasurement] = []
+    results: list[CheckResult] = []
+    ready, late = ray.wait(list(calls), num_returns=len(calls), timeout=timeout_s)
+    for ref in ready:
+        src, dst = calls[ref]
+        try:
+            measured = ray.get(ref)
+        except RayError as exc:
+            results.append(_link_failure(src, dst, _ray_reason(exc)))
+            continue
+        link = LinkMeasurement(
+            src.node_id, dst.node_id, src.ip, dst.ip, measured["gbps"], measured["rtt_ms"]
+        )
+        links.append(link)
+        results.append(network.link_result(src, dst, link, needs))
+    results.extend(_link_failure(*calls[ref], "no answer in time") for ref in late)
     return links, results
 
 

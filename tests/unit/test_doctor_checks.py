@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 
 from rayfleet.config import load_fleet
-from rayfleet.doctor import checks
-from rayfleet.doctor.checks import Context, judge_gpus, judge_nccl, judge_shm, match_interfaces
+from rayfleet.doctor import checks, gpus
+from rayfleet.doctor.checks import judge_nccl, judge_shm, match_interfaces
+from rayfleet.doctor.context import Context
+from rayfleet.doctor.gpus import judge_gpus
 from rayfleet.doctor.needs import FleetNeeds, ModelNeed, fleet_needs
 from rayfleet.doctor.probe import parse_nvidia_smi
 from rayfleet.doctor.result import Node, Status
@@ -104,10 +106,10 @@ def test_cpu_node_is_fine_and_cpu_cluster_is_an_info_line():
         "",
     )
     ctx = Context(nodes=[make_node()], facts={"a" * 56: make_facts()})
-    [line] = checks.check_gpus_cluster(ctx)
+    [line] = gpus.check_gpus_cluster(ctx)
     assert (line.node, line.status) == ("cluster", Status.INFO)
     gpu_fleet = FleetNeeds(models=[ModelNeed("big", "/m", True, 2, False)], given=True)
-    [line] = checks.check_gpus_cluster(Context([make_node()], {}, gpu_fleet))
+    [line] = gpus.check_gpus_cluster(Context([make_node()], {}, gpu_fleet))
     assert line.status is Status.FAIL and "big" in line.value
 
 
