@@ -13,9 +13,8 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-import aiohttp
-
 from rayfleet.errors import ConfigError
+from rayfleet.gateway.upstream import TimeLimits
 
 FALLBACK_PREFIX = "fallback:"
 
@@ -39,7 +38,7 @@ class Provider:
         self.headers = {"Content-Type": "application/json"}
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.limits = TimeLimits(total_s=timeout_s)
 
     @classmethod
     def from_config(cls, config) -> Provider:

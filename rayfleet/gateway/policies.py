@@ -97,7 +97,13 @@ class Admission:
     priority_class: PriorityClass | None = None
     key: ApiKey | None = None
     clamped: bool = False
-    fallback_reason: str = "rule"
+
+    @property
+    def destination(self) -> str:
+        """The fleet model it goes to, or the provider's label."""
+        if self.model is not None:
+            return self.model
+        return self.provider.label if self.provider is not None else ""
 
     def fleet_body(self, raw: bytes) -> bytes:
         return json.dumps(self.body).encode() if self.changed else raw

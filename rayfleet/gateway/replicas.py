@@ -1,22 +1,26 @@
-"""The gateway's view of the fleet: which replicas serve which model, and how busy they are.
+"""The gateway's view of the fleet: which replicas serve which model, and their health.
 
 ``ReplicaSet.update(entries)`` replaces the membership with what the registry
 reports (entries are dicts ``{"replica_id", "model", "url", "node_id", "node_ip",
-"pid"}``), keeping the in-flight counts of replicas that stay. ``pick(model,
-exclude)`` returns the healthy replica with the fewest requests in flight (ties go
-round-robin) or None. ``begin`` / ``end`` count a request in and out; ``failed``
-takes a replica out of rotation for ``cooldown_s`` once it has failed
-``max_consecutive_failures`` times in a row, so that a dead server is not picked
-again before the registry notices it; after the cool-down it is tried again, and
-one more failure sends it straight back (one success resets the count).
+"pid"}``), keeping the replicas that stay, with their in-flight counts and flags.
+``candidates(model, exclude)`` are the replicas a request may go to: healthy, not
+draining, not already tried; a ``ReplicaPolicy`` (replica_policy.py) picks among them.
+``begin`` / ``end`` count a request in and out; ``failed`` takes a replica out of
+rotation for ``cooldown_s`` once it has failed ``max_consecutive_failures`` times in
+a row, so that a dead server is not picked again before the registry notices it;
+after the cool-down it is tried again, and one more failure sends it straight back
+(one success resets the count). A replica whose ``draining`` flag is set finishes
+what it has in flight and gets nothing new.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+Entry = dict[str, Any]
 
 
 @dataclass
@@ -30,12 +34,12 @@ class Replica:
     num_inflight: int = 0
     num_consecutive_failures: int = 0
     cooldown_until: float = 0.0
-    registered_at: float = field(default_factory=time.time)
+    draining: bool = False  # out of rotation for new requests; every policy respects it
 
     def healthy(self, now: float) -> bool:
         return now >= self.cooldown_until
 
-    def as_dict(self, now: float) -> dict:
+    def as_dict(self, now: float) -> dict[str, Any]:
         return {
             "replica_id": self.replica_id,
             "model": self.model,
@@ -44,6 +48,7 @@ class Replica:
             "node_ip": self.node_ip,
             "pid": self.pid,
             "healthy": self.healthy(now),
+            "draining": self.draining,
             "inflight": self.num_inflight,
             "consecutive_failures": self.num_consecutive_failures,
             "cooldown_remaining_s": round(max(0.0, self.cooldown_until - now), 1),
@@ -59,9 +64,8 @@ class ReplicaSet:
         self.max_consecutive_failures = max_consecutive_failures
         self._by_model: dict[str, list[Replica]] = {m: [] for m in self.models}
         self._by_id: dict[str, Replica] = {}
-        self._tiebreak = itertools.count()
 
-    def update(self, entries: Iterable[dict]) -> None:
+    def update(self, entries: Iterable[Entry]) -> None:
         fresh: dict[str, Replica] = {}
         for entry in entries:
             if entry["model"] not in self._by_model:
@@ -93,19 +97,15 @@ class ReplicaSet:
         now = time.monotonic()
         return sum(r.healthy(now) for r in self._by_model.get(model, ()))
 
-    def pick(self, model: str, exclude: Iterable[str] = ()) -> Replica | None:
-        """The healthy replica with the fewest requests in flight."""
+    def candidates(self, model: str, exclude: Collection[str] = ()) -> list[Replica]:
+        """The replicas of ``model`` a request may go to now: healthy, not draining, and
+        not in ``exclude`` (ids already tried)."""
         now = time.monotonic()
-        candidates = [
+        return [
             r
             for r in self._by_model.get(model, ())
-            if r.healthy(now) and r.replica_id not in exclude
+            if r.healthy(now) and not r.draining and r.replica_id not in exclude
         ]
-        if not candidates:
-            return None
-        least = min(r.num_inflight for r in candidates)
-        tied = [r for r in candidates if r.num_inflight == least]
-        return tied[next(self._tiebreak) % len(tied)]
 
     @staticmethod
     def begin(replica: Replica) -> None:

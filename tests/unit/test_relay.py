@@ -2,70 +2,99 @@
 
 The upstream is a real aiohttp server whose handlers do what a vLLM server cannot be made
 to do on demand: stall, break off mid-stream, drop idle connections. Requests go through
-``Gateway`` (its relay path) and are read with aiohttp's client.
+``Gateway`` (its relay path), served as ``start_gateway`` serves it, and are read with
+aiohttp's client or a raw socket. Tests wait on conditions (``until``), never on sleeps.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aiohttp
 import pytest
 from aiohttp import web
 
-from rayfleet.gateway.app import Gateway
-from rayfleet.gateway.relay import RelayPool, UpstreamConnectError
+from rayfleet.gateway.app import Gateway, start_gateway
+from rayfleet.gateway.relay_pool import RelayPool
+from rayfleet.gateway.upstream import TimeLimits, UpstreamConnectError
 
 BODY = {"model": "m", "prompt": "hi", "stream": True}
 
 
 class Upstream:
-    """A scripted OpenAI-like server; counts connections and remembers aborted streams."""
+    """A scripted OpenAI-like server; counts connections and remembers aborted requests."""
 
     def __init__(self):
         self.connections: set[tuple] = set()  # the gateway's ends, as (host, port)
+        self.entered = asyncio.Event()  # a request's handler started
         self.aborted = asyncio.Event()
         self.pieces = 5
         self.gap_s = 0.0
         self.stall_after: int | None = None
+        self.stall_before_head = False
         self.break_after: int | None = None
         self.big: bytes = b""
+        self.partial_body = False  # a non-streamed body: half of it, then a stall
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         self.connections.add(request.transport.get_extra_info("peername"))
         body = await request.json()
-        if not body.get("stream"):
-            return web.json_response({"object": "text_completion", "echo": body["prompt"]})
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
+        self.entered.set()
         try:
-            if self.big:
-                await response.write(self.big)
-            for i in range(self.pieces):
-                if i == self.stall_after:
-                    await asyncio.sleep(30)
-                if i == self.break_after:
-                    request.transport.close()
-                    return response
-                await response.write(f"data: {json.dumps({'i': i})}\n\n".encode())
-                if self.gap_s:
-                    await asyncio.sleep(self.gap_s)
-            await response.write(b"data: [DONE]\n\n")
-            await response.write_eof()
+            if self.stall_before_head:
+                await asyncio.sleep(30)
+            if not body.get("stream"):
+                if self.partial_body:
+                    return await self._partial_body(request)
+                return web.json_response({"object": "text_completion", "echo": body["prompt"]})
+            return await self._stream(request)
         except (ConnectionResetError, asyncio.CancelledError):
             self.aborted.set()
             raise
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        if self.big:
+            await response.write(self.big)
+        for i in range(self.pieces):
+            if i == self.stall_after:
+                await asyncio.sleep(30)
+            if i == self.break_after:
+                request.transport.close()
+                return response
+            await response.write(f"data: {json.dumps({'i': i})}\n\n".encode())
+            if self.gap_s:
+                await asyncio.sleep(self.gap_s)
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
         return response
+
+    async def _partial_body(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.content_length = 100
+        await response.prepare(request)
+        await response.write(b"{" + b" " * 49)
+        await asyncio.sleep(30)
+        return response
+
+
+async def until(predicate, timeout_s: float = 10.0) -> None:
+    """Wait until ``predicate()`` holds; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
 
 
 async def serve(app: web.Application, **kwargs) -> tuple[web.AppRunner, str]:
     runner = web.AppRunner(app, access_log=None, **kwargs)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    return runner, f"http://127.0.0.1:{port}"
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    return runner, f"http://{host}:{port}"
 
 
 def run(scenario, *, keepalive_s: float = 75.0, timeout_s: float = 600.0):
@@ -83,10 +112,12 @@ def run(scenario, *, keepalive_s: float = 75.0, timeout_s: float = 600.0):
             return [{"replica_id": "r0", "model": "m", "url": up_url}]
 
         gateway = Gateway(["m"], source, request_timeout_s=timeout_s)
-        gw_runner, gw_url = await serve(gateway.build_app(), handler_cancellation=True)
+        gw_runner = await start_gateway(gateway, "127.0.0.1", 0)
+        host, port = gw_runner.addresses[0][:2]
         try:
             async with aiohttp.ClientSession() as client:
-                return await scenario(upstream, gateway, client, gw_url + "/v1/completions")
+                url = f"http://{host}:{port}/v1/completions"
+                return await scenario(upstream, gateway, client, url)
         finally:
             await gw_runner.cleanup()
             await up_runner.cleanup()
@@ -96,6 +127,11 @@ def run(scenario, *, keepalive_s: float = 75.0, timeout_s: float = 600.0):
 
 def events(text: str) -> list[str]:
     return [line for line in text.split("\n\n") if line]
+
+
+def relay_of(gateway: Gateway) -> RelayPool:
+    assert gateway.dispatcher.relay is not None
+    return gateway.dispatcher.relay
 
 
 def test_stream_relayed_whole_and_connection_reused():
@@ -122,7 +158,9 @@ def test_connection_the_upstream_closed_while_idle_is_replaced():
     async def scenario(upstream, gateway, client, url):
         async with client.post(url, json=BODY) as response:
             await response.text()
-        await asyncio.sleep(0.6)  # the upstream drops idle connections after 0.2 s
+        kept = relay_of(gateway).idle()
+        assert kept
+        await until(lambda: not any(conn.connected for conn in kept))  # closed after 0.2 s
         async with client.post(url, json=BODY) as response:
             status, text = response.status, await response.text()
         return status, text, len(upstream.connections), gateway.replica_set.replicas()[0]
@@ -161,17 +199,84 @@ def test_total_timeout_mid_stream_ends_with_a_408_event():
     assert error["code"] == "timeout" and "time limit" in error["message"]
 
 
+async def left(upstream, gateway) -> tuple[bool, int, int]:
+    """After the client left: whether the upstream saw the abort, the replica's count in
+    flight and the relay's connections still carrying a request, once both reach 0."""
+    await asyncio.wait_for(upstream.aborted.wait(), 10)
+    replica = gateway.replica_set.replicas()[0]
+    await until(lambda: replica.num_inflight == 0 and not relay_of(gateway).busy())
+    return upstream.aborted.is_set(), replica.num_inflight, len(relay_of(gateway).busy())
+
+
+async def raw_request(url: str, body: dict) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Send a request on a socket of our own, to leave at any moment, response or not."""
+    host, port = url.split("/")[2].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    payload = json.dumps(body).encode()
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (len(payload), payload)
+    )
+    return reader, writer
+
+
 def test_client_leaving_mid_stream_aborts_the_upstream_request():
     async def scenario(upstream, gateway, client, url):
         upstream.pieces, upstream.gap_s = 200, 0.02
         response = await client.post(url, json=BODY)
         await response.content.readline()
         response.close()  # the client goes away
-        await asyncio.wait_for(upstream.aborted.wait(), 5)
-        await asyncio.sleep(0.1)
-        return gateway.replica_set.replicas()[0].num_inflight
+        return await left(upstream, gateway)
 
-    assert run(scenario) == 0
+    assert run(scenario) == (True, 0, 0)
+
+
+def test_client_leaving_before_the_response_head_aborts_the_upstream_request():
+    async def scenario(upstream, gateway, client, url):
+        upstream.stall_before_head = True
+        _, writer = await raw_request(url, BODY)
+        await upstream.entered.wait()
+        writer.close()
+        return await left(upstream, gateway)
+
+    assert run(scenario) == (True, 0, 0)
+
+
+def test_client_leaving_before_the_first_piece_aborts_the_upstream_request():
+    async def scenario(upstream, gateway, client, url):
+        upstream.stall_after = 0  # the head, then nothing
+        _, writer = await raw_request(url, BODY)
+        relay = relay_of(gateway)
+        await until(lambda: any(conn.status == 200 for conn in relay.busy()))
+        writer.close()
+        return await left(upstream, gateway)
+
+    assert run(scenario) == (True, 0, 0)
+
+
+def test_client_leaving_during_a_body_that_is_not_streamed_aborts_the_upstream_request():
+    async def scenario(upstream, gateway, client, url):
+        upstream.partial_body = True
+        _, writer = await raw_request(url, {**BODY, "stream": False})
+        relay = relay_of(gateway)
+        await until(lambda: any(conn.first_byte_at for conn in relay.busy()))
+        writer.close()
+        return await left(upstream, gateway)
+
+    assert run(scenario) == (True, 0, 0)
+
+
+def test_client_leaving_while_reading_is_paused_aborts_the_upstream_request():
+    async def scenario(upstream, gateway, client, url):
+        upstream.big = b"x" * (16 * 1024 * 1024)  # more than every buffer on the way holds
+        upstream.pieces, upstream.gap_s = 200, 0.02
+        reader, writer = await raw_request(url, BODY)
+        relay = relay_of(gateway)
+        await until(lambda: any(conn.paused for conn in relay.busy()))
+        writer.close()  # without reading a byte
+        return await left(upstream, gateway)
+
+    assert run(scenario) == (True, 0, 0)
 
 
 def test_slow_client_gets_every_byte():
@@ -179,10 +284,11 @@ def test_slow_client_gets_every_byte():
 
     async def scenario(upstream, gateway, client, url):
         upstream.big = big
+        relay = relay_of(gateway)
         async with client.post(url, json=BODY) as response:
-            await asyncio.sleep(0.5)  # let the gateway's buffer to the client fill up
+            await until(lambda: any(conn.paused for conn in relay.busy()))
             received = await response.read()
-        return received, [up.pauses for up in gateway._relay_pool.idle()]
+        return received, [conn.pauses for conn in relay.idle()]
 
     received, pauses = run(scenario)
     assert pauses and pauses[0] > 0  # reading from the upstream paused, then resumed
@@ -192,10 +298,10 @@ def test_slow_client_gets_every_byte():
 
 def test_pool_reports_refused_and_stalled_upstreams():
     async def main():
-        pool = RelayPool(connect_timeout_s=2)
+        pool = RelayPool()
         with pytest.raises(UpstreamConnectError, match="cannot connect"):
-            await pool.request(
-                "http://127.0.0.1:9", "/v1/completions", b"{}", {}, total_s=5, idle_s=None
+            await pool.open(
+                "http://127.0.0.1:9/v1/completions", b"{}", {}, TimeLimits(5, connect_s=2)
             )
 
         async def silent(request):
@@ -206,7 +312,7 @@ def test_pool_reports_refused_and_stalled_upstreams():
         runner, url = await serve(app, handler_cancellation=True)
         try:
             with pytest.raises(asyncio.TimeoutError):
-                await pool.request(url, "/v1/completions", b"{}", {}, total_s=None, idle_s=0.3)
+                await pool.open(url + "/v1/completions", b"{}", {}, TimeLimits(30, idle_s=0.3))
         finally:
             pool.close()
             await runner.cleanup()

@@ -1,6 +1,10 @@
-"""Replica picking: fewest requests in flight, cool-down after failures."""
+"""Replica membership and health (ReplicaSet), and the first replica policy (LeastLoad)."""
 
+from rayfleet.gateway.least_load import LeastLoad
+from rayfleet.gateway.replica_policy import RequestInfo
 from rayfleet.gateway.replicas import ReplicaSet
+
+INFO = RequestInfo("/v1/completions", "m", {"model": "m", "prompt": "hi"}, {})
 
 
 def entries(*ids, model="m"):
@@ -10,44 +14,63 @@ def entries(*ids, model="m"):
     ]
 
 
+def pick(rs: ReplicaSet, policy: LeastLoad, model="m", exclude=()):
+    return policy.pick(INFO, rs.candidates(model, exclude))
+
+
 def test_picks_fewest_inflight():
-    rs = ReplicaSet(["m"])
+    rs, policy = ReplicaSet(["m"]), LeastLoad()
     rs.update(entries("a", "b", "c"))
     a, b, c = (next(r for r in rs.replicas("m") if r.replica_id == x) for x in "abc")
     rs.begin(a), rs.begin(a), rs.begin(b)
-    assert rs.pick("m") is c
+    assert pick(rs, policy) is c
     rs.begin(c), rs.begin(c)
-    assert rs.pick("m") is b
+    assert pick(rs, policy) is b
     rs.end(a), rs.end(a)
-    assert rs.pick("m") is a
+    assert pick(rs, policy) is a
 
 
 def test_ties_rotate():
-    rs = ReplicaSet(["m"])
+    rs, policy = ReplicaSet(["m"]), LeastLoad()
     rs.update(entries("a", "b"))
-    assert {rs.pick("m").replica_id for _ in range(4)} == {"a", "b"}
+    assert {pick(rs, policy).replica_id for _ in range(4)} == {"a", "b"}
 
 
 def test_exclude_and_cooldown():
-    rs = ReplicaSet(["m"], cooldown_s=60)
+    rs, policy = ReplicaSet(["m"], cooldown_s=60), LeastLoad()
     rs.update(entries("a", "b"))
-    a = rs.pick("m", exclude=["b"])
+    a = pick(rs, policy, exclude=["b"])
     assert a.replica_id == "a"
     rs.failed(a)
     assert rs.num_healthy("m") == 1
-    assert all(rs.pick("m").replica_id == "b" for _ in range(3))
-    assert rs.pick("m", exclude=["b"]) is None
+    assert all(pick(rs, policy).replica_id == "b" for _ in range(3))
+    assert pick(rs, policy, exclude=["b"]) is None
     rs.succeeded(a)
     assert a.num_consecutive_failures == 0
 
 
+def test_a_draining_replica_is_never_picked_and_keeps_its_flag():
+    rs, policy = ReplicaSet(["m"]), LeastLoad()
+    rs.update(entries("a", "b"))
+    a, b = rs.replicas("m")
+    a.draining = True
+    rs.begin(b), rs.begin(b)  # even when it is the least loaded
+    assert all(pick(rs, policy) is b for _ in range(4))
+    assert rs.candidates("m") == [b]
+    rs.update(entries("a", "b"))
+    assert a.draining and a.as_dict(0.0)["draining"]
+    b.draining = True
+    assert pick(rs, policy) is None
+    assert rs.num_healthy("m") == 2  # draining is not unhealthy: /health still counts it
+
+
 def test_update_keeps_counts_and_drops_gone_replicas():
-    rs = ReplicaSet(["m", "n"])
+    rs, policy = ReplicaSet(["m", "n"]), LeastLoad()
     rs.update(entries("a", "b") + entries("x", model="n") + entries("z", model="unknown"))
-    a = rs.pick("m", exclude=["b"])
+    a = pick(rs, policy, exclude=["b"])
     rs.begin(a)
     rs.update(entries("a"))
     assert [r.replica_id for r in rs.replicas("m")] == ["a"]
     assert rs.replicas("m")[0].num_inflight == 1
-    assert rs.replicas("n") == [] and rs.pick("n") is None
-    assert rs.pick("unknown") is None
+    assert rs.replicas("n") == [] and pick(rs, policy, "n") is None
+    assert pick(rs, policy, "unknown") is None

@@ -1,0 +1,235 @@
+"""One attempt to serve a request from one upstream, and all of its accounting.
+
+``Attempts.run(journey, upstream, target, body, headers, limits)`` is the one wrapper
+around any ``Upstream`` (upstream.py): it counts the request in flight on the replica
+and in metrics, opens the exchange, relays the answer, and records time to first byte,
+latency and status, and success or failure against the replica (``ReplicaSet.failed``
+takes it out of rotation after N failures in a row). It returns the response, or
+``Unanswered`` when the upstream failed before the response's first byte (the caller
+may try elsewhere). A timeout before that is a 408 of the gateway's own; a response cut
+off after it ends with an error event (a stream) and is never replayed.
+
+When the client goes away, aiohttp cancels the handler (``handler_cancellation``): the
+exchange is finished uncompleted, which closes the upstream connection whatever ``run``
+was waiting for (the head, the first piece, a whole body, a paused stream), and vLLM
+aborts the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from rayfleet.gateway.errors import (
+    GATEWAY_REPLICA,
+    REPLICA_HEADER,
+    RequestError,
+    sse_error_event,
+)
+from rayfleet.gateway.metrics import GatewayMetrics
+from rayfleet.gateway.policies import Admission
+from rayfleet.gateway.replicas import Replica, ReplicaSet
+from rayfleet.gateway.upstream import (
+    Exchange,
+    Outcome,
+    TimeLimits,
+    Upstream,
+    UpstreamConnectError,
+)
+
+log = logging.getLogger("rayfleet.gateway")
+
+
+@dataclass(frozen=True)
+class Unanswered:
+    """An attempt that failed before the first byte of a response: try elsewhere."""
+
+    reason: str  # upstream_connect or upstream_status
+
+
+Attempt = web.StreamResponse | Unanswered
+
+
+@dataclass(frozen=True)
+class Journey:
+    """One admitted request, as every attempt to serve it needs it."""
+
+    request: web.Request
+    path: str
+    raw: bytes
+    admission: Admission
+    started: float  # time.perf_counter() when the request came in
+    extra: Mapping[str, str]  # headers every response to it carries
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one attempt goes, and the names it is counted under."""
+
+    url: str
+    label: str  # x-rayfleet-replica: the replica id or fallback:<provider>
+    model: str  # the model label of the metrics
+    replica: Replica | None = None
+
+
+class Attempts:
+    def __init__(self, replica_set: ReplicaSet, metrics: GatewayMetrics):
+        self.replica_set = replica_set
+        self.metrics = metrics
+
+    def refuse(self, error: RequestError, model: str) -> web.Response:
+        """Answer with ``error`` from the gateway itself, counted."""
+        self.metrics.errors.labels(model, error.reason).inc()
+        self.metrics.requests.labels(model, GATEWAY_REPLICA, str(error.status)).inc()
+        return error.response()
+
+    async def run(
+        self,
+        journey: Journey,
+        upstream: Upstream,
+        target: Target,
+        body: bytes,
+        headers: Mapping[str, str],
+        limits: TimeLimits,
+    ) -> Attempt:
+        """Send the request to ``target`` and relay the answer; ``Unanswered`` when it
+        failed before the response's first byte."""
+        inflight = self.metrics.inflight.labels(target.model, target.label)
+        if target.replica is not None:
+            self.replica_set.begin(target.replica)
+        inflight.inc()
+        exchange: Exchange | None = None
+        completed = False
+        try:
+            try:
+                exchange = await upstream.open(target.url, body, headers, limits)
+            except TimeoutError:
+                return self.refuse(self.timed_out(journey.admission, limits), target.model)
+            except UpstreamConnectError as exc:
+                log.warning("%s unreachable: %r", target.label, exc)
+                return self._unanswered(target, "upstream_connect")
+            if exchange.status >= 500:
+                log.warning("%s answered %s", target.label, exchange.status)
+                return self._unanswered(target, "upstream_status")
+            response = _response_like(exchange, target.label, journey.extra)
+            outcome = await exchange.relay(journey.request, response)
+            if exchange.first_byte_at:
+                self.metrics.ttfb.labels(target.model, target.label).observe(
+                    exchange.first_byte_at - journey.started
+                )
+            completed = outcome is Outcome.DONE
+            return await self._conclude(journey, target, exchange, response, outcome, limits)
+        except (asyncio.CancelledError, ConnectionResetError):
+            # The client went away: closing the upstream connection makes vLLM abort.
+            self.metrics.errors.labels(target.model, "client_disconnect").inc()
+            raise
+        finally:
+            if target.replica is not None:
+                self.replica_set.end(target.replica)
+            inflight.dec()
+            if exchange is not None:
+                exchange.finish(completed)
+
+    async def _conclude(
+        self,
+        journey: Journey,
+        target: Target,
+        exchange: Exchange,
+        response: web.StreamResponse,
+        outcome: Outcome,
+        limits: TimeLimits,
+    ) -> web.StreamResponse:
+        """Account for how the relay ended and end the response to the client."""
+        if outcome is Outcome.CLIENT_GONE:
+            raise ConnectionResetError("the client went away")
+        if outcome is Outcome.DONE:
+            if target.replica is not None:
+                self.replica_set.succeeded(target.replica)
+        elif not response.prepared:  # nothing was sent yet: answer with an error of our own
+            if outcome is Outcome.TIMEOUT:
+                return self.refuse(self.timed_out(journey.admission, limits), target.model)
+            self._replica_failed(target, "stream_broken")
+            error = RequestError(
+                502,
+                f"{target.label} failed while responding; retry the request.",
+                code="upstream_failed",
+                reason="upstream_failed",
+            )
+            return self.refuse(error, target.model)
+        else:
+            await self._end_cut_off(response, outcome, exchange.tail(), target, journey, limits)
+        await response.write_eof()
+        elapsed = time.perf_counter() - journey.started
+        self.metrics.latency.labels(target.model, target.label).observe(elapsed)
+        self.metrics.requests.labels(target.model, target.label, str(exchange.status)).inc()
+        return response
+
+    async def _end_cut_off(
+        self,
+        response: web.StreamResponse,
+        outcome: Outcome,
+        tail: bytes | None,
+        target: Target,
+        journey: Journey,
+        limits: TimeLimits,
+    ) -> None:
+        """Account for a response cut off by a timeout or a broken upstream; a stream
+        (``tail`` not None) gets an error event of its own to end with."""
+        if outcome is Outcome.TIMEOUT:
+            error = self.timed_out(journey.admission, limits)
+            self.metrics.errors.labels(target.model, error.reason).inc()
+            event = sse_error_event(error.message, "timeout", 408)
+        else:
+            self._replica_failed(target, "stream_broken")
+            event = sse_error_event(f"{target.label} failed mid-stream; the response is incomplete")
+        if tail is not None:
+            await response.write(_event_boundary(tail) + event)
+
+    @staticmethod
+    def timed_out(admission: Admission, limits: TimeLimits) -> RequestError:
+        priority_class = admission.priority_class
+        limit = f" of priority class '{priority_class.name}'" if priority_class else ""
+        if limits.idle_s and priority_class and priority_class.stream_idle_timeout_s:
+            detail = f"{limits.total_s:g} s total, {limits.idle_s:g} s without output"
+        else:
+            detail = f"{limits.total_s:g} s"
+        return RequestError(
+            408,
+            f"The request exceeded the time limit{limit} ({detail}); "
+            "the upstream request was aborted.",
+            code="timeout",
+            reason="timeout",
+        )
+
+    def _unanswered(self, target: Target, reason: str) -> Unanswered:
+        self._replica_failed(target, reason)
+        return Unanswered(reason)
+
+    def _replica_failed(self, target: Target, reason: str) -> None:
+        self.metrics.errors.labels(target.model, reason).inc()
+        replica = target.replica
+        if replica is not None and self.replica_set.failed(replica):
+            self.metrics.cooldowns.labels(replica.model, replica.replica_id).inc()
+
+
+def _response_like(exchange: Exchange, label: str, extra: Mapping[str, str]) -> web.StreamResponse:
+    """The response to the client, with the upstream's status and type and our headers."""
+    response = web.StreamResponse(status=exchange.status)
+    response.content_type = exchange.content_type
+    if exchange.charset:
+        response.charset = exchange.charset
+    response.headers[REPLICA_HEADER] = label
+    response.headers.update(extra)
+    return response
+
+
+def _event_boundary(last_chunk: bytes) -> bytes:
+    """What ends an SSE event the upstream cut off mid-way, so that ours stands alone."""
+    if not last_chunk or last_chunk.endswith(b"\n\n"):
+        return b""
+    return b"\n" if last_chunk.endswith(b"\n") else b"\n\n"

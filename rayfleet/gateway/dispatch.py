@@ -1,0 +1,211 @@
+"""One admitted request's journey: pick a replica, send, retry once elsewhere, then fall back.
+
+Data flow (app.py has admitted the request; policies.py decided where it may go)::
+
+    Dispatcher.dispatch(request, path, raw, admission, started)
+        a route rule chose a provider     -> _to_provider
+        _to_fleet:
+            ReplicaSet.candidates(model)   healthy, not draining, not tried yet
+            ReplicaPolicy.pick             per model; LeastLoad: fewest in flight, ties
+                                           round-robin (replica_policy.py, least_load.py)
+            first pick over the queue depth          -> fallback provider
+            Attempts.run(replica)          the relay (relay_pool.py) for http:// replicas,
+                                           aiohttp's client otherwise (upstream.py)
+                failure before the first byte -> Unanswered: counted against the replica
+                                                 (out of rotation after N in a row), one
+                                                 retry on another replica
+                failure after the first byte  -> the stream ends with an error event
+                client disconnects            -> the handler is cancelled, the upstream
+                                                 connection is closed, vLLM aborts
+            no replica, or both failed    -> fallback provider when allowed, else 503/502
+        _to_provider: Attempts.run(provider) through aiohttp's client
+
+``Attempts.run`` (attempt.py) is the one accounting wrapper around any upstream. The
+time limits of an attempt are the gateway's (or the provider's) own, narrowed by the
+request's priority class (its total and its idle limit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from aiohttp import web
+
+from rayfleet.gateway.attempt import Attempts, Journey, Target, Unanswered
+from rayfleet.gateway.errors import RequestError
+from rayfleet.gateway.fallback import Provider
+from rayfleet.gateway.metrics import GatewayMetrics
+from rayfleet.gateway.policies import Admission, Policies
+from rayfleet.gateway.relay_pool import RelayPool
+from rayfleet.gateway.replica_policy import ReplicaPolicy, RequestInfo
+from rayfleet.gateway.replicas import Replica, ReplicaSet
+from rayfleet.gateway.upstream import AiohttpUpstream, TimeLimits, Upstream
+
+ROUTE_HEADER = "x-rayfleet-route"
+_FORWARDED_REQUEST_HEADERS = ("authorization", "x-request-id")
+_MAX_REPLICAS_TRIED = 2
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        replica_set: ReplicaSet,
+        policies: Policies,
+        metrics: GatewayMetrics,
+        limits: TimeLimits,
+        replica_policies: Mapping[str, ReplicaPolicy],
+        *,
+        relay: bool = True,
+    ):
+        self.replica_set = replica_set
+        self.policies = policies
+        self.metrics = metrics
+        self.limits = limits
+        self.replica_policies = replica_policies
+        self.attempts = Attempts(replica_set, metrics)
+        self.refuse = self.attempts.refuse  # an answer of the gateway's own, counted
+        self.providers = AiohttpUpstream()
+        # Replica responses through relay.py (None: through aiohttp's client, as providers).
+        self.relay = RelayPool() if relay else None
+        # A gateway key is for the gateway: do not hand it to the replicas.
+        self._forwarded_headers = tuple(
+            h for h in _FORWARDED_REQUEST_HEADERS if not (policies.keys and h == "authorization")
+        )
+
+    async def start(self) -> None:
+        await self.providers.start()
+
+    async def close(self) -> None:
+        await self.providers.close()
+        if self.relay is not None:
+            self.relay.close()
+
+    # -- the journey ------------------------------------------------------------------
+
+    async def dispatch(
+        self, request: web.Request, path: str, raw: bytes, admission: Admission, started: float
+    ) -> web.StreamResponse:
+        """Send an admitted request to the fleet, falling back to a provider when allowed."""
+        requested = admission.requested
+        if admission.key is not None:
+            self.metrics.key_requests.labels(admission.key.name).inc()
+        if admission.clamped:
+            self.metrics.clamped.labels(requested).inc()
+        extra = {}
+        if admission.route_rule is not None:
+            extra[ROUTE_HEADER] = admission.route_rule
+            self.metrics.routes.labels(requested, admission.route_rule, admission.destination).inc()
+        journey = Journey(request, path, raw, admission, started, extra)
+        if admission.provider is not None and admission.provider_model is not None:
+            return await self._to_provider(
+                journey, admission.provider, admission.provider_model, "rule"
+            )
+        assert admission.model is not None  # admit() names a model or a provider
+        return await self._to_fleet(journey, admission.model)
+
+    async def _to_fleet(self, journey: Journey, model: str) -> web.StreamResponse:
+        admission = journey.admission
+        when = self.policies.fallback
+        body = admission.fleet_body(journey.raw)
+        headers = self._upstream_headers(journey.request)
+        limits = self._limits_for(admission, self.limits)
+        info = RequestInfo(journey.path, model, admission.body, journey.request.headers)
+        policy = self.replica_policies[model]
+        tried: list[str] = []
+        while len(tried) < _MAX_REPLICAS_TRIED:
+            replica = policy.pick(info, self.replica_set.candidates(model, tried))
+            if replica is None:
+                break
+            if (
+                not tried
+                and when.max_queue_depth is not None
+                and replica.num_inflight >= when.max_queue_depth
+            ):
+                fallback = self.policies.fallback_for(admission)
+                if fallback is not None:
+                    return await self._to_provider(journey, *fallback, "queue_depth")
+            if tried:
+                self.metrics.retries.labels(model).inc()
+            tried.append(replica.replica_id)
+            target = Target(replica.url + journey.path, replica.replica_id, model, replica)
+            upstream = self._upstream_for(replica)
+            result = await self.attempts.run(journey, upstream, target, body, headers, limits)
+            if not isinstance(result, Unanswered):
+                return result
+        return await self._unserved(journey, model, tried)
+
+    async def _unserved(self, journey: Journey, model: str, tried: list[str]) -> web.StreamResponse:
+        """No replica answered: the fallback provider when allowed, else an error."""
+        when = self.policies.fallback
+        allowed = when.on_failure if tried else when.on_no_replica
+        fallback = self.policies.fallback_for(journey.admission) if allowed else None
+        if fallback is not None:
+            reason = "failure" if tried else "no_replica"
+            return await self._to_provider(journey, *fallback, reason)
+        if tried:
+            error = RequestError(
+                502,
+                f"The replicas of model '{model}' failed before responding "
+                f"(tried {', '.join(tried)}). Retry the request.",
+                code="upstream_failed",
+                reason="upstream_failed",
+            )
+        else:
+            error = RequestError(
+                503,
+                f"No healthy replica of model '{model}' is available right now. "
+                "Retry shortly, or check `rayfleet status`.",
+                code="no_healthy_replica",
+                reason="no_replica",
+            )
+        return self.attempts.refuse(error, model)
+
+    async def _to_provider(
+        self, journey: Journey, provider: Provider, provider_model: str, reason: str
+    ) -> web.StreamResponse:
+        admission = journey.admission
+        self.metrics.fallbacks.labels(admission.requested, provider.name, reason).inc()
+        body = provider.body_for(admission.body, provider_model)
+        limits = self._limits_for(admission, provider.limits)
+        target = Target(provider.url(journey.path), provider.label, admission.requested)
+        result = await self.attempts.run(
+            journey, self.providers, target, body, provider.headers, limits
+        )
+        if isinstance(result, Unanswered):
+            error = RequestError(
+                502,
+                f"Fallback provider '{provider.name}' failed before responding. Retry the request.",
+                code="upstream_failed",
+                reason="fallback_failed",
+            )
+            return self.attempts.refuse(error, admission.requested)
+        return result
+
+    # -- one attempt: the accounting wrapper around any upstream ----------------------
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _upstream_for(self, replica: Replica) -> Upstream:
+        if self.relay is not None and RelayPool.handles(replica.url):
+            return self.relay
+        return self.providers
+
+    def _upstream_headers(self, request: web.Request) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        for name in self._forwarded_headers:
+            if name in request.headers:
+                headers[name] = request.headers[name]
+        return headers
+
+    def _limits_for(self, admission: Admission, base: TimeLimits) -> TimeLimits:
+        """``base`` narrowed by the request's priority class, when it sets limits."""
+        priority_class = admission.priority_class
+        if priority_class is None or (
+            priority_class.timeout_s is None and priority_class.stream_idle_timeout_s is None
+        ):
+            return base
+        return TimeLimits(
+            total_s=min(priority_class.timeout_s or base.total_s, base.total_s),
+            connect_s=base.connect_s or self.limits.connect_s,
+            idle_s=priority_class.stream_idle_timeout_s,
+        )

@@ -1,0 +1,23 @@
+"""``LeastLoad``: the replica with the fewest requests in flight; ties go round-robin."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from rayfleet.gateway.replica_policy import RequestInfo
+from rayfleet.gateway.replicas import Replica
+
+
+class LeastLoad:
+    """A ``ReplicaPolicy`` that reads nothing of the request, only the counts in flight."""
+
+    def __init__(self) -> None:
+        self._tiebreak = itertools.count()
+
+    def pick(self, request: RequestInfo, replicas: Sequence[Replica]) -> Replica | None:
+        if not replicas:
+            return None
+        least = min(r.num_inflight for r in replicas)
+        tied = [r for r in replicas if r.num_inflight == least]
+        return tied[next(self._tiebreak) % len(tied)]
