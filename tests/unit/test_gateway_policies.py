@@ -309,7 +309,8 @@ def test_priority_classes_turn_on_the_priority_scheduler():
         (
             {"priority_classes": [{"name": "a", "priority": 1}]},
             {"engine_args": {"scheduling_policy": "fcfs"}},
-            "model 'small' sets scheduling_policy 'fcfs', but gateway.priority_classes need 'priority'",
+            "model 'small' sets scheduling_policy 'fcfs', "
+            "but gateway.priority_classes need 'priority'",
         ),
         (
             {"routes": [{"name": "auto", "rules": [{"name": "r", "target": "medium"}]}]},

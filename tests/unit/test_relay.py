@@ -270,7 +270,7 @@ def test_client_leaving_while_reading_is_paused_aborts_the_upstream_request():
     async def scenario(upstream, gateway, client, url):
         upstream.big = b"x" * (16 * 1024 * 1024)  # more than every buffer on the way holds
         upstream.pieces, upstream.gap_s = 200, 0.02
-        reader, writer = await raw_request(url, BODY)
+        _, writer = await raw_request(url, BODY)
         relay = relay_of(gateway)
         await until(lambda: any(conn.paused for conn in relay.busy()))
         writer.close()  # without reading a byte
