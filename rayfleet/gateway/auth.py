@@ -9,12 +9,17 @@ Keys are never logged; errors name the key's configured ``name`` only.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rayfleet.errors import ConfigError
 from rayfleet.gateway.errors import RequestError
 from rayfleet.gateway.limits import KeyQuota
+
+if TYPE_CHECKING:
+    from rayfleet.config import ApiKeyConfig
 
 
 def hash_key(key: str) -> str:
@@ -63,10 +68,15 @@ class KeyTable:
         return bool(self._by_hash)
 
     @classmethod
-    def from_config(cls, configs) -> KeyTable:
+    def from_config(cls, configs: Iterable[ApiKeyConfig]) -> KeyTable:
         keys = []
         for c in configs:
-            hashed = c.key_sha256 or hash_key(read_key_file(c.key_file))
+            if c.key_sha256:
+                hashed = c.key_sha256
+            elif c.key_file:
+                hashed = hash_key(read_key_file(c.key_file))
+            else:  # the config's validation already says so
+                raise ConfigError(f"api key '{c.name}': give key_sha256 or key_file")
             quota = KeyQuota(
                 c.name,
                 requests_per_minute=c.requests_per_minute,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from aiohttp import web
 
@@ -54,7 +55,9 @@ class RequestError(Exception):
         return response
 
 
-def error_body(status: int, message: str, *, param=None, code=None) -> dict:
+def error_body(
+    status: int, message: str, *, param: str | None = None, code: str | int | None = None
+) -> dict[str, dict[str, Any]]:
     return {
         "error": {
             "message": message,

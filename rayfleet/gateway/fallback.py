@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayfleet.errors import ConfigError
 from rayfleet.gateway.upstream import TimeLimits
+
+if TYPE_CHECKING:
+    from rayfleet.config import ProviderConfig
 
 FALLBACK_PREFIX = "fallback:"
 
@@ -41,7 +44,7 @@ class Provider:
         self.limits = TimeLimits(total_s=timeout_s)
 
     @classmethod
-    def from_config(cls, config) -> Provider:
+    def from_config(cls, config: ProviderConfig) -> Provider:
         api_key = None
         if config.api_key_env:
             api_key = os.environ.get(config.api_key_env)

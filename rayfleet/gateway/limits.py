@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayfleet.gateway.errors import RequestError
+
+if TYPE_CHECKING:
+    from rayfleet.config import LimitsConfig
 
 MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
 
@@ -28,7 +31,7 @@ class Limits:
     check_context: bool = True
 
     @classmethod
-    def resolve(cls, base, override=None) -> Limits:
+    def resolve(cls, base: LimitsConfig, override: LimitsConfig | None = None) -> Limits:
         """``gateway.limits`` with the fields ``override`` sets explicitly on top."""
         values = base.model_dump()
         if override is not None:
@@ -39,7 +42,7 @@ class Limits:
 def requested_max_tokens(body: dict[str, Any]) -> int | None:
     for name in MAX_TOKENS_FIELDS:
         value = body.get(name)
-        if value is not None:
+        if isinstance(value, int):
             return value
     return None
 
@@ -150,9 +153,9 @@ class KeyQuota:
         self,
         name: str,
         *,
-        requests_per_minute=None,
-        tokens_per_minute=None,
-        max_concurrent=None,
+        requests_per_minute: int | None = None,
+        tokens_per_minute: int | None = None,
+        max_concurrent: int | None = None,
         now: float = 0.0,
     ):
         self.name = name

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from rayfleet.gateway.auth import ApiKey, KeyTable
@@ -33,7 +33,11 @@ from rayfleet.gateway.rules import Route, minute_of_day
 from rayfleet.gateway.tokens import Prompt, TokenCounter, context_length, prompt_of
 from rayfleet.gateway.validate import ParsedRequest
 
+if TYPE_CHECKING:
+    from rayfleet.config import FleetConfig
+
 Clock = Callable[[], datetime]
+Headers = Mapping[str, str]
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,7 @@ class Policies:
         return cls(models=list(models), default_limits=Limits(check_context=False))
 
     @classmethod
-    def from_fleet(cls, fleet, *, clock: Clock | None = None) -> Policies:
+    def from_fleet(cls, fleet: FleetConfig, *, clock: Clock | None = None) -> Policies:
         """Compile ``fleet.gateway`` against ``fleet.models``. Reads key files and provider
         keys from the environment (ConfigError when missing); loads no tokenizer yet."""
         gw = fleet.gateway
@@ -203,7 +207,7 @@ class Policies:
 
     # -- per request -------------------------------------------------------------------
 
-    def authenticate(self, headers) -> ApiKey | None:
+    def authenticate(self, headers: Headers) -> ApiKey | None:
         if not self.keys:
             return None
         return self.keys.authenticate(headers.get("Authorization"))
@@ -213,7 +217,7 @@ class Policies:
         path: str,
         parsed: ParsedRequest,
         num_bytes: int,
-        headers,
+        headers: Headers,
         usable: Callable[[str], bool],
         key: ApiKey | None = None,
     ) -> Admission:
@@ -291,7 +295,7 @@ class Policies:
             reason="unknown_model",
         )
 
-    def _priority_class(self, key: ApiKey | None, headers) -> PriorityClass | None:
+    def _priority_class(self, key: ApiKey | None, headers: Headers) -> PriorityClass | None:
         if not self.classes:
             return None
         name = key.priority_class if key is not None else None

@@ -14,9 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rayfleet.gateway.fallback import FALLBACK_PREFIX
+
+if TYPE_CHECKING:
+    from rayfleet.config import RouteConfig, RuleConfig
 
 
 class Facts(Protocol):
@@ -24,7 +27,7 @@ class Facts(Protocol):
 
     def minute_of_day(self) -> int: ...
 
-    def prompt_tokens(self, model: str) -> int: ...
+    def prompt_tokens(self, model: str | None) -> int: ...
 
 
 def parse_clock(value: str) -> int:
@@ -61,7 +64,7 @@ class Rule:
     tokenizer: str | None = None  # model whose tokenizer counts the prompt
 
     @classmethod
-    def from_config(cls, config, route_tokenizer: str | None) -> Rule:
+    def from_config(cls, config: RuleConfig, route_tokenizer: str | None) -> Rule:
         provider = None
         target = config.target
         if target.startswith(FALLBACK_PREFIX):
@@ -116,7 +119,7 @@ class Route:
     tokenizer: str | None = None
 
     @classmethod
-    def from_config(cls, config) -> Route:
+    def from_config(cls, config: RouteConfig) -> Route:
         tokenizer = config.tokenizer or next(
             (r.target for r in config.rules if not r.target.startswith(FALLBACK_PREFIX)), None
         )

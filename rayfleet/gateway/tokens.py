@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+Encoder = Callable[[str], int]  # text -> its number of tokens
 
 log = logging.getLogger("rayfleet.gateway")
 
@@ -86,7 +89,7 @@ class TokenCounter:
 
     def __init__(self, sources: dict[str, str]):
         self.sources = dict(sources)
-        self._encoders: dict[str, Any] = {}
+        self._encoders: dict[str, Encoder | None] = {}
 
     def load(self, models: list[str] | None = None) -> None:
         """Load the tokenizers of ``models`` (default: all). Blocking; call off the loop."""
@@ -97,14 +100,14 @@ class TokenCounter:
     def has_tokenizer(self, model: str) -> bool:
         return self._encoders.get(model) is not None
 
-    def count(self, model: str, prompt: Prompt) -> int:
-        encode = self._encoders.get(model)
+    def count(self, model: str | None, prompt: Prompt) -> int:
+        encode = self._encoders.get(model) if model is not None else None
         if encode is None:
             return -(-prompt.num_bytes // BYTES_PER_TOKEN_ESTIMATE) + prompt.num_id_tokens
         return (encode(prompt.text) if prompt.text else 0) + prompt.num_id_tokens
 
 
-def _load_encoder(source: str):
+def _load_encoder(source: str) -> Encoder | None:
     path = Path(source).expanduser()
     try:
         if (path / "tokenizer.json").is_file():
@@ -117,9 +120,9 @@ def _load_encoder(source: str):
             return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(path) if path.exists() else source)
-        return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
-    except Exception as exc:  # an unreachable hub id must not stop the gateway
+        auto = AutoTokenizer.from_pretrained(str(path) if path.exists() else source)
+        return lambda text: len(auto.encode(text, add_special_tokens=False))
+    except Exception as exc:  # noqa: BLE001 - an unreachable hub id must not stop the gateway
         log.warning(
             "no tokenizer for %s (%s); estimating %d bytes per token",
             source,
