@@ -20,12 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -34,50 +31,15 @@ from rayfleet.bench.datasets import Prompt
 from rayfleet.bench.load import LoadShape
 from rayfleet.bench.metrics import summarize
 from rayfleet.bench.runner import run_load
+from rayfleet.bench.simulator import SimulatorProcess
 
 SUSTAINED_SHARE = 0.95
 LAG_LIMIT_S = 0.010
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_simulator(num_processes: int) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rayfleet.bench.simulator",
-            "--port",
-            str(port),
-            "--num-processes",
-            str(num_processes),
-        ],
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return proc, f"http://127.0.0.1:{port}"
-        time.sleep(0.1)
-    stop_simulator(proc)
-    raise RuntimeError("simulator did not listen within 30 s")
-
-
-def stop_simulator(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
-def measure_step(url: str, rate: float, num_processes: int, args) -> dict:
+def measure_step(
+    url: str, rate: float, num_processes: int, args: argparse.Namespace
+) -> dict[str, Any]:
     num_requests = int(min(rate * args.duration_s, args.max_requests))
     prompts = [Prompt("hello " * 8, 8, args.output_len)] * num_requests
     cpu_before_s = time.process_time()
@@ -109,19 +71,19 @@ def measure_step(url: str, rate: float, num_processes: int, args) -> dict:
     }
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| bench processes | offered req/s | achieved req/s | output tok/s | p99 send lag ms "
         "| TTFT p50 ms | TTFT p99 ms | sustained |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['num_processes']} | {r['offered_rps']:g} | {r['achieved_rps']:.0f} "
-            f"| {r['output_tokens_per_s']:.0f} | {r['p99_send_lag_ms']:.1f} "
-            f"| {r['median_ttft_ms']:.1f} "
-            f"| {r['p99_ttft_ms']:.1f} | {'yes' if r['sustained'] else 'no'} |"
-        )
+    lines.extend(
+        f"| {r['num_processes']} | {r['offered_rps']:g} | {r['achieved_rps']:.0f} "
+        f"| {r['output_tokens_per_s']:.0f} | {r['p99_send_lag_ms']:.1f} "
+        f"| {r['median_ttft_ms']:.1f} "
+        f"| {r['p99_ttft_ms']:.1f} | {'yes' if r['sustained'] else 'no'} |"
+        for r in rows
+    )
     return "\n".join(lines)
 
 
@@ -137,18 +99,16 @@ def main() -> None:
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     process_counts = [int(n) for n in args.num_processes.split(",")]
-    proc, url = start_simulator(args.simulator_processes)
     rows = []
-    try:
+    with SimulatorProcess(num_processes=args.simulator_processes) as simulator:
         for num_processes in process_counts:
             for rate in rates:
-                row = measure_step(url, rate, num_processes, args)
+                simulator.reset()  # the log of every request it streamed: not needed here
+                row = measure_step(simulator.url, rate, num_processes, args)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 if not row["sustained"]:
                     break
-    finally:
-        stop_simulator(proc)
     print(markdown(rows))
     best = {
         n: max(

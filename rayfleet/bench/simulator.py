@@ -3,10 +3,20 @@
 It is not an engine: it streams canned SSE chunks shaped like vLLM's (one chunk per
 token, then a usage chunk, then ``[DONE]``), as fast as asked. It exists for what a real
 vLLM server cannot do on a small machine: answer thousands of requests per second (to
-find the client's own limit), and fail on purpose (error statuses, errors mid-stream,
-the gateway's ``x-rayfleet-replica`` header) for tests of the bench's bookkeeping.
+find the client's own limit), stream at a known pace (a fixed delay before the first
+token and between tokens) so a client's numbers can be checked against the truth, and
+fail on purpose (error statuses, errors mid-stream, the gateway's ``x-rayfleet-replica``
+header) for tests of the bench's bookkeeping.
 
-Run it alone: ``python -m rayfleet.bench.simulator --port 9000 --num-processes 2``.
+Its own view of every request is the ground truth: ``GET /simulator/stats`` answers the
+number of requests seen and, per streamed request, ``[arrival_s, first_token_s, end_s,
+num_tokens]`` on ``time.perf_counter()`` (the machine's monotonic clock, the one the
+bench times with); ``POST /simulator/reset`` forgets them.
+
+- ``SimulatorThread``: in this process, on a thread (tests);
+- ``SimulatorProcess``: in processes of its own (benchmarks, so the client measured and
+  the server do not share an event loop);
+- ``python -m rayfleet.bench.simulator --port 9000 --num-processes 2 --token-delay-s 0.01``.
 """
 
 from __future__ import annotations
@@ -16,9 +26,15 @@ import asyncio
 import itertools
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
+import urllib.request
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -72,12 +88,14 @@ DONE = b"data: [DONE]\n\n"
 
 def make_app(spec: SimulatorSpec) -> web.Application:
     """The simulator's aiohttp app: ``/v1/completions``, ``/v1/chat/completions``,
-    ``/v1/models``, and ``/simulator/stats`` (requests seen so far)."""
-    seen = {"num_requests": 0}
+    ``/v1/models``, ``/simulator/stats`` (requests seen so far, with their timings) and
+    ``/simulator/reset``."""
+    seen: dict[str, Any] = {"num_requests": 0, "requests": []}
     replicas = itertools.cycle(spec.replica_names) if spec.replica_names else None
     chunks = {False: token_chunk(False), True: token_chunk(True)}
 
     async def generate(request: web.Request) -> web.StreamResponse:
+        arrival_s = time.perf_counter()
         seen["num_requests"] += 1
         number = seen["num_requests"]
         body = await request.json()
@@ -95,25 +113,41 @@ def make_app(spec: SimulatorSpec) -> web.Application:
         )
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})
         await response.prepare(request)
+        timing = [arrival_s, 0.0, 0.0, 0]
         try:
-            await stream_tokens(response, number, num_tokens, is_chat, body)
+            await stream_tokens(response, number, num_tokens, is_chat, body, timing)
         except ConnectionError:  # the client went away (a cancelled bench): nothing to do
             pass
+        seen["requests"].append(timing)
         return response
 
-    async def stream_tokens(response, number, num_tokens, is_chat, body) -> None:
+    async def stream_tokens(
+        response: web.StreamResponse,
+        number: int,
+        num_tokens: int,
+        is_chat: bool,
+        body: dict[str, Any],
+        timing: list[Any],
+    ) -> None:
         if spec.first_token_delay_s:
             await asyncio.sleep(spec.first_token_delay_s)
         for i in range(num_tokens):
             if i and spec.token_delay_s:
                 await asyncio.sleep(spec.token_delay_s)
             await response.write(chunks[is_chat])
+            timing[2:] = [time.perf_counter(), i + 1]
+            if i == 0:
+                timing[1] = timing[2]
             if spec.stream_error_every and number % spec.stream_error_every == 0 and i == 0:
                 await response.write(ERROR_EVENT)
                 return
         await response.write(usage_chunk(len(str(body.get("prompt", ""))) // 4, num_tokens) + DONE)
 
     async def stats(request: web.Request) -> web.Response:
+        return web.json_response(seen)
+
+    async def reset(request: web.Request) -> web.Response:
+        seen["requests"] = []
         return web.json_response(seen)
 
     async def models(request: web.Request) -> web.Response:
@@ -124,6 +158,7 @@ def make_app(spec: SimulatorSpec) -> web.Application:
     app.router.add_post("/v1/chat/completions", generate)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/simulator/stats", stats)
+    app.router.add_post("/simulator/reset", reset)
     return app
 
 
@@ -167,7 +202,7 @@ class SimulatorThread:
             raise RuntimeError("simulator did not start within 30 s")
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._loop:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout=10)
@@ -190,14 +225,78 @@ class SimulatorThread:
         await runner.cleanup()
 
 
+class SimulatorProcess:
+    """The simulator in ``num_processes`` processes of its own (one port, ``reuse_port``),
+    started on entry once it listens and stopped, every process of it, on exit."""
+
+    def __init__(self, spec: SimulatorSpec = SimulatorSpec(), num_processes: int = 1):
+        self.spec = spec
+        self.num_processes = num_processes
+        self.host = "127.0.0.1"
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def argv(self) -> list[str]:
+        return [
+            *(sys.executable, "-m", "rayfleet.bench.simulator", "--port", str(self.port)),
+            *("--num-processes", str(self.num_processes)),
+            *("--token-delay-s", repr(self.spec.token_delay_s)),
+            *("--first-token-delay-s", repr(self.spec.first_token_delay_s)),
+        ]
+
+    def __enter__(self) -> SimulatorProcess:
+        with socket.socket() as s:
+            s.bind((self.host, 0))
+            self.port = s.getsockname()[1]
+        self.proc = subprocess.Popen(self.argv(), start_new_session=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            with socket.socket() as s:
+                if s.connect_ex((self.host, self.port)) == 0:
+                    return self
+            time.sleep(0.05)
+        self.__exit__()
+        raise RuntimeError(f"simulator did not listen on port {self.port} within 30 s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stats(self) -> dict[str, Any]:
+        """What the simulator saw (one of its processes, when there are several)."""
+        with urllib.request.urlopen(self.url + "/simulator/stats", timeout=30) as response:
+            stats: dict[str, Any] = json.loads(response.read())
+        return stats
+
+    def reset(self) -> None:
+        request = urllib.request.Request(self.url + "/simulator/reset", method="POST")
+        with urllib.request.urlopen(request, timeout=30):
+            pass
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--num-processes", type=int, default=1)
     parser.add_argument("--token-delay-s", type=float, default=0.0)
+    parser.add_argument("--first-token-delay-s", type=float, default=0.0)
     args = parser.parse_args()
-    spec = SimulatorSpec(token_delay_s=args.token_delay_s)
+    spec = SimulatorSpec(
+        token_delay_s=args.token_delay_s, first_token_delay_s=args.first_token_delay_s
+    )
     for _ in range(args.num_processes - 1):
         if os.fork() == 0:
             break
