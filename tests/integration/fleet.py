@@ -1,9 +1,20 @@
-"""Start a real fleet for a test module: `rayfleet up --detach` in a private RAYFLEET_HOME.
+"""Real fleets and real vLLM servers for integration tests, and waiting on them.
 
-with running_fleet(tmp_dir, models=[...]) as fleet:
-    fleet.base_url        # http://127.0.0.1:PORT/v1
-    fleet.status()        # `rayfleet status --json`, parsed
-    fleet.cli("down")     # any rayfleet command with this fleet's environment
+- ``running_fleet(home, models)``: `rayfleet up --detach` in a private RAYFLEET_HOME,
+  `rayfleet down` (and a kill) on exit. The one fleet factory: tests/conftest.py's
+  module-scoped ``fleet`` and ``client`` fixtures are built on it (a test module says
+  which models with a ``fleet_models`` fixture), and a test that stops its fleet starts
+  one of its own with it.
+- ``model_entry(name, source, ...)``: one model of fleet.yaml, with keyword defaults.
+- ``serving_engine(model, name, ...)``: one vLLM OpenAI server, started, healthy, and
+  stopped (with every process of its group) on exit.
+- ``wait_until(predicate, timeout_s)``: poll a condition until a deadline.
+
+    with running_fleet(tmp_path, [model_entry("tiny", tiny_model)]) as fleet:
+        fleet.base_url        # http://127.0.0.1:PORT/v1
+        fleet.client()        # the official openai client on it
+        fleet.status()        # `rayfleet status --json`, parsed
+        fleet.cli("down")     # any rayfleet command with this fleet's environment
 """
 
 from __future__ import annotations
@@ -13,15 +24,50 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
+import openai
 import psutil
 import yaml
 
-from rayfleet.control.engine import free_port
+from rayfleet.control.engine import EngineProcess, free_port
 
 RAYFLEET = [sys.executable, "-m", "rayfleet.cli"]
+TINY_ARGS = {"enforce_eager": True, "max_model_len": 1024, "dtype": "float32"}
+DEMO_ARGS = {"enforce_eager": True, "max_model_len": 2048, "dtype": "float32"}
+ENGINE_START_TIMEOUT_S = 600
+
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T], timeout_s: float, poll_s: float = 0.2) -> T | None:
+    """The first truthy value of ``predicate()``, polled until ``timeout_s``; None after."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value or None
+        time.sleep(poll_s)
+
+
+def model_entry(
+    name: str,
+    source: Path | str,
+    engine_args: Mapping[str, Any] = TINY_ARGS,
+    **fields: Any,
+) -> dict[str, Any]:
+    """One model of fleet.yaml (``replicas=2`` and any other field as keywords)."""
+    return {"name": name, "source": str(source), "engine_args": dict(engine_args), **fields}
+
+
+def write_config(home: Path, models: list[dict[str, Any]], port: int) -> Path:
+    config_path = home / "fleet.yaml"
+    config_path.write_text(yaml.safe_dump({"gateway": {"port": port}, "models": models}))
+    return config_path
 
 
 @dataclass
@@ -38,38 +84,65 @@ class RunningFleet:
     def base_url(self) -> str:
         return self.url + "/v1"
 
-    def env(self) -> dict:
+    @property
+    def state_file(self) -> Path:
+        return self.home / "run" / "fleet.json"
+
+    def env(self) -> dict[str, str]:
         return {**os.environ, "RAYFLEET_HOME": str(self.home)}
 
-    def cli(self, *args: str, timeout_s: float = 300, check: bool = True):
+    def cli(
+        self, *args: str, timeout_s: float = 300, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [*RAYFLEET, *args], env=self.env(), capture_output=True, text=True, timeout=timeout_s
         )
         if check and result.returncode != 0:
             raise AssertionError(
-                f"rayfleet {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+                f"rayfleet {' '.join(args)} exited {result.returncode}:\n"
+                f"{result.stdout}\n{result.stderr}"
             )
         return result
 
-    def status(self) -> dict:
-        return json.loads(self.cli("status", "--json").stdout)
+    def client(self) -> openai.OpenAI:
+        """The official openai client on the gateway, no retries (a failure is a failure)."""
+        return openai.OpenAI(base_url=self.base_url, api_key="unused", max_retries=0)
 
-    def state(self) -> dict:
-        return json.loads((self.home / "run" / "fleet.json").read_text())
+    def status(self) -> dict[str, Any]:
+        report: dict[str, Any] = json.loads(self.cli("status", "--json").stdout)
+        return report
+
+    def state(self) -> dict[str, Any]:
+        state: dict[str, Any] = json.loads(self.state_file.read_text())
+        return state
 
 
 @contextlib.contextmanager
-def running_fleet(home: Path, models: list[dict]):
+def running_fleet(home: Path, models: list[dict[str, Any]]) -> Iterator[RunningFleet]:
+    """A fleet of ``models`` started detached in ``home``; stopped on exit if still up."""
     port = free_port()
-    config_path = home / "fleet.yaml"
-    config_path.write_text(yaml.safe_dump({"gateway": {"port": port}, "models": models}))
-    fleet = RunningFleet(home=home, port=port, config_path=config_path)
-    fleet.cli("up", "-c", str(config_path), "--detach", timeout_s=900)
+    fleet = RunningFleet(home=home, port=port, config_path=write_config(home, models, port))
+    fleet.cli("up", "-c", str(fleet.config_path), "--detach", timeout_s=900)
     try:
         yield fleet
     finally:
-        if (home / "run" / "fleet.json").exists():
+        if fleet.state_file.exists():
             pid = fleet.state()["pid"]
             fleet.cli("down", check=False)
             with contextlib.suppress(psutil.NoSuchProcess):
                 psutil.Process(pid).kill()
+
+
+@contextlib.contextmanager
+def serving_engine(
+    model: Path | str,
+    served_name: str,
+    engine_args: Mapping[str, Any] = TINY_ARGS,
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = ENGINE_START_TIMEOUT_S,
+) -> Iterator[EngineProcess]:
+    """A real vLLM OpenAI server on ``model``, healthy on entry, stopped on exit."""
+    with EngineProcess(str(model), served_name, engine_args, env=env) as engine:
+        engine.wait_healthy(timeout_s=timeout_s)
+        yield engine

@@ -1,4 +1,7 @@
-"""A real fleet (Ray Serve, two vLLM models) driven with the official openai client."""
+"""A real fleet (Ray Serve, two vLLM models) driven with the official openai client.
+
+The module's fleet and its openai client are tests/conftest.py's ``fleet`` and ``client``.
+"""
 
 from __future__ import annotations
 
@@ -10,27 +13,14 @@ import openai
 import pytest
 import requests
 
-from tests.integration.fleet import running_fleet
+from tests.integration.fleet import DEMO_ARGS, model_entry
 
 pytestmark = pytest.mark.integration
 
-TINY_ARGS = {"enforce_eager": True, "max_model_len": 1024, "dtype": "float32"}
-DEMO_ARGS = {"enforce_eager": True, "max_model_len": 2048, "dtype": "float32"}
-
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory, tiny_model, demo_model):
-    models = [
-        {"name": "smollm2-135m", "source": str(demo_model), "engine_args": DEMO_ARGS},
-        {"name": "tiny", "source": str(tiny_model), "engine_args": TINY_ARGS},
-    ]
-    with running_fleet(tmp_path_factory.mktemp("fleet-api"), models) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(fleet):
-    return openai.OpenAI(base_url=fleet.base_url, api_key="unused", max_retries=0)
+def fleet_models(tiny_model, demo_model):
+    return [model_entry("smollm2-135m", demo_model, DEMO_ARGS), model_entry("tiny", tiny_model)]
 
 
 def test_lists_models(client):

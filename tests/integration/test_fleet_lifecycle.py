@@ -1,38 +1,58 @@
-"""Replicas die and come back, requests keep succeeding, `rayfleet down` leaves nothing."""
+"""Replicas die and come back, requests keep succeeding, `rayfleet down` leaves nothing.
+
+The module's shared fleet (tests/conftest.py's ``fleet``) is never stopped here: the
+tests that stop a fleet start their own, so every test runs alone or in any order.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import subprocess
 import threading
-import time
 
 import openai
 import psutil
 import pytest
 
-from tests.integration.fleet import running_fleet
+from rayfleet.control.engine import free_port
+from tests.integration.fleet import (
+    RAYFLEET,
+    TINY_ARGS,
+    model_entry,
+    running_fleet,
+    wait_until,
+    write_config,
+)
 
 pytestmark = pytest.mark.integration
 
-TINY_ARGS = {"enforce_eager": True, "max_model_len": 1024, "dtype": "float32"}
 EMBED_ARGS = {**TINY_ARGS, "runner": "pooling", "convert": "embed"}
+REPLACE_TIMEOUT_S = 480
+STOP_TIMEOUT_S = 30
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory, tiny_model):
-    models = [
-        {"name": "tiny", "source": str(tiny_model), "engine_args": TINY_ARGS, "replicas": 2},
-        {"name": "tiny-embed", "source": str(tiny_model), "engine_args": EMBED_ARGS},
+def fleet_models(tiny_model):
+    return [
+        model_entry("tiny", tiny_model, replicas=2),
+        model_entry("tiny-embed", tiny_model, EMBED_ARGS),
     ]
-    with running_fleet(tmp_path_factory.mktemp("fleet-life"), models) as running:
-        yield running
 
 
-@pytest.fixture(scope="module")
-def client(fleet):
-    return openai.OpenAI(base_url=fleet.base_url, api_key="unused", max_retries=0)
+def replicas_serving(client, num_requests: int = 6) -> set[str]:
+    served = set()
+    for _ in range(num_requests):
+        raw = client.completions.with_raw_response.create(model="tiny", prompt="hi", max_tokens=2)
+        served.add(raw.headers["x-rayfleet-replica"])
+    return served
+
+
+def assert_all_gone(processes: list[psutil.Process]) -> None:
+    _, alive = psutil.wait_procs(processes, timeout=STOP_TIMEOUT_S)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
 
 
 def test_embeddings(client):
@@ -43,126 +63,122 @@ def test_embeddings(client):
 
 
 def test_requests_spread_over_both_replicas(client):
-    seen = set()
-    for _ in range(6):
-        raw = client.completions.with_raw_response.create(model="tiny", prompt="hi", max_tokens=2)
-        seen.add(raw.headers["x-rayfleet-replica"])
-    assert len(seen) == 2
+    assert len(replicas_serving(client)) == 2
+
+
+class GentleLoad:
+    """Requests one after another on a thread, 0.5 s apart, until stopped: gentle on
+    purpose, since a busy engine's OpenMP threads spin and would starve a replacement's
+    start on a 2-core machine."""
+
+    def __init__(self, client: openai.OpenAI):
+        self.client = client
+        self.served: list[str] = []
+        self.failures: list[Exception] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                raw = self.client.completions.with_raw_response.create(
+                    model="tiny", prompt="hi", max_tokens=4
+                )
+                self.served.append(raw.headers["x-rayfleet-replica"])
+            except Exception as exc:  # any failure is what the test looks for
+                self.failures.append(exc)
+            self.stop.wait(0.5)
+
+    def __enter__(self) -> GentleLoad:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def tiny_replicas(fleet) -> list[dict]:
+    return [r for r in fleet.status()["replicas"] if r["model"] == "tiny"]
 
 
 def test_killed_server_is_replaced_while_requests_keep_succeeding(fleet, client):
-    before = [r for r in fleet.status()["replicas"] if r["model"] == "tiny"]
-    assert len(before) == 2
+    def both_healthy():
+        now = tiny_replicas(fleet)
+        return now if len(now) == 2 and all(r["healthy"] for r in now) else None
+
+    before = wait_until(both_healthy, REPLACE_TIMEOUT_S, poll_s=1.0)
+    assert before is not None, "the fleet never had both tiny replicas healthy"
     victim = before[0]
     os.kill(victim["pid"], signal.SIGKILL)
 
-    failures: list[Exception] = []
-    served: list[str] = []
-    stop = threading.Event()
+    def replacement():
+        now = both_healthy() or []
+        fresh = [r for r in now if r["replica_id"] not in {b["replica_id"] for b in before}]
+        return fresh[0] if fresh else None
 
-    def load() -> None:
-        # Gentle on purpose: a busy engine's OpenMP threads spin and would starve the
-        # replacement's start on a 2-core machine.
-        while not stop.is_set():
-            try:
-                raw = client.completions.with_raw_response.create(
-                    model="tiny", prompt="hi", max_tokens=4
-                )
-                served.append(raw.headers["x-rayfleet-replica"])
-            except Exception as exc:  # any failure is what the test looks for
-                failures.append(exc)
-            time.sleep(0.5)
-
-    worker = threading.Thread(target=load)
-    worker.start()
-    try:
-        replaced = None
-        deadline = time.monotonic() + 480
-        while time.monotonic() < deadline:
-            now = [r for r in fleet.status()["replicas"] if r["model"] == "tiny"]
-            fresh = [r for r in now if r["replica_id"] not in {b["replica_id"] for b in before}]
-            if fresh and len(now) == 2 and all(r["healthy"] for r in now):
-                replaced = fresh[0]
-                break
-            time.sleep(1)
-    finally:
-        stop.set()
-        worker.join()
+    with GentleLoad(client) as load:
+        replaced = wait_until(replacement, REPLACE_TIMEOUT_S, poll_s=1.0)
 
     assert replaced is not None, "Ray Serve did not replace the replica whose server died"
     assert replaced["pid"] != victim["pid"]
-    assert not failures, f"{len(failures)} of {len(failures) + len(served)} requests failed"
-    assert len(served) > 10
-    # The new replica takes traffic.
-    seen = set()
-    for _ in range(6):
-        raw = client.completions.with_raw_response.create(model="tiny", prompt="hi", max_tokens=2)
-        seen.add(raw.headers["x-rayfleet-replica"])
-    assert replaced["replica_id"] in seen
+    num_sent = len(load.failures) + len(load.served)
+    assert not load.failures, f"{len(load.failures)} of {num_sent} requests failed"
+    assert len(load.served) > 10
+    assert replaced["replica_id"] in replicas_serving(client)
 
 
-def test_down_leaves_no_process_and_frees_the_port(fleet):
-    state = fleet.state()
-    root = psutil.Process(state["pid"])
-    tree = [root, *root.children(recursive=True)]
-    engines = [psutil.Process(pid) for pid in state["engine_pids"] if psutil.pid_exists(pid)]
-    assert any("vllm" in " ".join(p.cmdline()) for p in tree + engines)
+def test_down_leaves_no_process_and_frees_the_port(tmp_path, tiny_model):
+    with running_fleet(tmp_path, [model_entry("tiny", tiny_model)]) as fleet:
+        state = fleet.state()
+        root = psutil.Process(state["pid"])
+        tree = [root, *root.children(recursive=True)]
+        engines = [psutil.Process(pid) for pid in state["engine_pids"] if psutil.pid_exists(pid)]
+        assert any("vllm" in " ".join(p.cmdline()) for p in tree + engines)
 
-    result = fleet.cli("down")
-    assert "fleet stopped" in result.stderr
+        result = fleet.cli("down")
+        assert "fleet stopped" in result.stderr
 
-    gone, alive = psutil.wait_procs(tree + engines, timeout=30)
-    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
-    with socket.socket() as s:
-        # As a new server would: TIME_WAIT leftovers allowed, a listener still there not.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", fleet.port))
-        s.listen()
-    assert not (fleet.home / "run" / "fleet.json").exists()
-    status = fleet.cli("status", check=False)
-    assert status.returncode == 2 and "no fleet is running" in status.stderr
+        assert_all_gone(tree + engines)
+        with socket.socket() as s:
+            # As a new server would: TIME_WAIT leftovers allowed, a listener still there not.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", fleet.port))
+            s.listen()
+        assert not fleet.state_file.exists()
+        status = fleet.cli("status", check=False)
+        assert status.returncode == 2 and "no fleet is running" in status.stderr
 
 
 def test_ctrl_c_in_the_foreground_stops_everything(tmp_path, tiny_model):
     """Ctrl-C reaches the whole foreground process group, as a terminal sends it."""
-    import json
-    import subprocess
-    import sys
-
-    import yaml
-
-    from rayfleet.control.engine import free_port
-
     port = free_port()
-    config = tmp_path / "fleet.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "gateway": {"port": port},
-                "models": [{"name": "tiny", "source": str(tiny_model), "engine_args": TINY_ARGS}],
-            }
-        )
-    )
-    env = {**os.environ, "RAYFLEET_HOME": str(tmp_path)}
+    config = write_config(tmp_path, [model_entry("tiny", tiny_model)], port)
     up = subprocess.Popen(
-        [sys.executable, "-m", "rayfleet.cli", "up", "-c", str(config)],
-        env=env,
+        [*RAYFLEET, "up", "-c", str(config)],
+        env={**os.environ, "RAYFLEET_HOME": str(tmp_path)},
         start_new_session=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
     state_file = tmp_path / "run" / "fleet.json"
+
+    def ready_state():
+        if up.poll() is not None:
+            return {"phase": f"`rayfleet up` exited with code {up.returncode}"}
+        if state_file.exists():
+            state = json.loads(state_file.read_text())
+            return state if state["phase"] == "ready" else None
+        return None
+
     try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and up.poll() is None:
-            if state_file.exists() and json.loads(state_file.read_text())["phase"] == "ready":
-                break
-            time.sleep(0.5)
-        assert json.loads(state_file.read_text())["phase"] == "ready"
+        state = wait_until(ready_state, timeout_s=600, poll_s=0.5)
+        assert state is not None, "the fleet was not ready within 600 s"
+        assert state["phase"] == "ready", state["phase"]
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
         assert client.completions.create(model="tiny", prompt="hi", max_tokens=2).choices
-        engines = [psutil.Process(p) for p in json.loads(state_file.read_text())["engine_pids"]]
+        engines = [psutil.Process(p) for p in state["engine_pids"]]
         tree = [psutil.Process(up.pid), *psutil.Process(up.pid).children(recursive=True)]
 
         os.killpg(up.pid, signal.SIGINT)
@@ -173,6 +189,5 @@ def test_ctrl_c_in_the_foreground_stops_everything(tmp_path, tiny_model):
     assert up.returncode == 0, output
     assert "fleet stopped" in output
     assert "Traceback" not in output, output
-    gone, alive = psutil.wait_procs(tree + engines, timeout=30)
-    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+    assert_all_gone(tree + engines)
     assert not state_file.exists()

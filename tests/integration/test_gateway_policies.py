@@ -29,11 +29,12 @@ import pytest
 import requests
 
 from rayfleet.config import parse_fleet
-from rayfleet.control.engine import EngineProcess, free_port
+from rayfleet.control.engine import free_port
 from rayfleet.control.state import RunState
 from rayfleet.gateway.app import Gateway, start_gateway
 from rayfleet.gateway.auth import hash_key
 from rayfleet.gateway.policies import Policies
+from tests.integration.fleet import serving_engine
 
 pytestmark = pytest.mark.integration
 
@@ -120,13 +121,8 @@ def wait_for(predicate, timeout_s: float, poll_s: float = 0.05) -> bool:
 @pytest.fixture(scope="module")
 def prio(demo_model):
     """vLLM with the priority scheduler and one sequence at a time: requests queue."""
-    engine = EngineProcess(str(demo_model), "tiny-prio", PRIO_ARGS)
-    engine.start()
-    try:
-        engine.wait_healthy(timeout_s=900)
+    with serving_engine(demo_model, "tiny-prio", PRIO_ARGS, timeout_s=900) as engine:
         yield engine
-    finally:
-        engine.stop()
 
 
 def make_gateway(tiny_model, gateway: dict, entries: list[dict], names, clock=None) -> Gateway:

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from rayfleet.control.engine import EngineProcess
 from rayfleet.planner.hardware import Hardware
 from rayfleet.planner.layout import Workload
 from rayfleet.planner.memory import GiB, MemorySettings
 from rayfleet.planner.model_spec import load_model_spec
 from rayfleet.planner.plan import make_plan
+from tests.integration.fleet import serving_engine
 
 pytestmark = pytest.mark.integration
 
@@ -44,14 +44,9 @@ KV_SPACE_LINE = re.compile(r"Explicitly set \(([\d.]+)/([\d.]+)\) GiB for KV cac
 
 def vllm_startup_report(model_dir: Path, name: str) -> dict[str, float]:
     """Start vLLM on ``model_dir``, wait until healthy, stop it, and parse its log."""
-    engine = EngineProcess(
-        str(model_dir), name, ENGINE_ARGS, env={"VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB)}
-    )
-    engine.start()
-    try:
-        engine.wait_healthy(timeout_s=600)
-    finally:
-        engine.stop()
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB)}
+    with serving_engine(model_dir, name, ENGINE_ARGS, env=env) as engine:
+        pass
     log = engine.log_path.read_text(errors="replace")
     kv_tokens = KV_TOKENS_LINE.search(log)
     checkpoint = CHECKPOINT_LINE.search(log)
