@@ -30,12 +30,11 @@ BYTES_PER_TOKEN_ESTIMATE = 4
 class Prompt:
     """What the model reads from one request: text, and token ids given as such."""
 
-    __slots__ = ("_num_bytes", "num_id_tokens", "num_items", "text")
+    __slots__ = ("_num_bytes", "num_id_tokens", "text")
 
-    def __init__(self, text: str, num_id_tokens: int = 0, num_items: int = 1):
+    def __init__(self, text: str, num_id_tokens: int = 0):
         self.text = text
         self.num_id_tokens = num_id_tokens
-        self.num_items = num_items
         self._num_bytes: int | None = None
 
     @property
@@ -52,7 +51,7 @@ class Prompt:
 def prompt_of(path: str, body: dict[str, Any]) -> Prompt:
     if path == "/v1/chat/completions":
         messages = body.get("messages") or []
-        return Prompt("\n".join(_message_text(m) for m in messages), num_items=len(messages))
+        return Prompt("\n".join(_message_text(m) for m in messages))
     value = body.get("prompt" if path == "/v1/completions" else "input")
     if isinstance(value, str):
         return Prompt(value)
@@ -65,7 +64,7 @@ def prompt_of(path: str, body: dict[str, Any]) -> Prompt:
                 texts.append(item)
             elif isinstance(item, list):
                 ids += len(item)
-        return Prompt("\n".join(texts), num_id_tokens=ids, num_items=len(value))
+        return Prompt("\n".join(texts), num_id_tokens=ids)
     return Prompt("")
 
 

@@ -34,7 +34,6 @@ _OPTIONAL_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
 @dataclass(frozen=True)
 class ParsedRequest:
     model: str
-    stream: bool
     body: dict[str, Any]
 
 
@@ -65,7 +64,7 @@ def parse_request(path: str, raw: bytes) -> ParsedRequest:
         # bool is an int in Python; JSON true is not a valid max_tokens.
         if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
             raise RequestError(400, _type_message(name, described, value), param=name)
-    return ParsedRequest(model=model, stream=bool(body.get("stream", False)), body=body)
+    return ParsedRequest(model=model, body=body)
 
 
 _JSON_TYPES = {

@@ -242,7 +242,7 @@ def test_prompt_text_and_bounds():
             ]
         },
     )
-    assert chat.text == "héllo\nthere" and chat.num_items == 2
+    assert chat.text == "héllo\nthere"
     assert chat.max_tokens_bound() == len("héllo\nthere".encode())
     ids = prompt_of("/v1/completions", {"prompt": [1, 2, 3]})
     assert ids.max_tokens_bound() == 3

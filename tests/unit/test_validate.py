@@ -15,10 +15,10 @@ def parse(body, path=CHAT):
     return parse_request(path, raw)
 
 
-def test_reads_model_and_stream():
-    parsed = parse({"model": "m", "messages": [], "stream": True})
-    assert (parsed.model, parsed.stream) == ("m", True)
-    assert parse({"model": "m", "prompt": "x"}, "/v1/completions").stream is False
+def test_reads_model_and_keeps_the_body():
+    body = {"model": "m", "messages": [], "stream": True}
+    parsed = parse(body)
+    assert (parsed.model, parsed.body) == ("m", body)
 
 
 @pytest.mark.parametrize(
