@@ -97,7 +97,7 @@ async def serve(app: web.Application, **kwargs) -> tuple[web.AppRunner, str]:
     return runner, f"http://{host}:{port}"
 
 
-def run(scenario, *, keepalive_s: float = 75.0, timeout_s: float = 600.0):
+def run(scenario, *, keepalive_s: float = 75.0, timeout_s: float = 600.0, relay: bool = True):
     """Start the upstream and a gateway in front of it, then run ``scenario``."""
 
     async def main():
@@ -111,7 +111,7 @@ def run(scenario, *, keepalive_s: float = 75.0, timeout_s: float = 600.0):
         async def source():
             return [{"replica_id": "r0", "model": "m", "url": up_url}]
 
-        gateway = Gateway(["m"], source, request_timeout_s=timeout_s)
+        gateway = Gateway(["m"], source, request_timeout_s=timeout_s, relay=relay)
         gw_runner = await start_gateway(gateway, "127.0.0.1", 0)
         host, port = gw_runner.addresses[0][:2]
         try:
@@ -294,6 +294,34 @@ def test_slow_client_gets_every_byte():
     assert pauses and pauses[0] > 0  # reading from the upstream paused, then resumed
     assert received.startswith(big)
     assert events(received[len(big) :].decode())[-1] == "data: [DONE]"
+
+
+def test_aiohttp_path_relays_and_aborts_the_same_way():
+    """``Gateway(relay=False)``: replicas through aiohttp's client, as fallback providers."""
+
+    async def scenario(upstream, gateway, client, url):
+        assert gateway.dispatcher.relay is None
+        async with client.post(url, json=BODY) as response:
+            whole = response.headers["x-rayfleet-replica"], await response.text()
+        async with client.post(url, json={**BODY, "stream": False}) as response:
+            plain = await response.json()
+        upstream.pieces, upstream.gap_s = 200, 0.01
+        response = await client.post(url, json=BODY)
+        await response.content.readline()
+        response.close()  # the client goes away
+        await asyncio.wait_for(upstream.aborted.wait(), 10)
+        replica = gateway.replica_set.replicas()[0]
+        await until(lambda: replica.num_inflight == 0)
+        upstream.break_after = 3  # last: it puts the replica in its cool-down
+        async with client.post(url, json=BODY) as response:
+            broken = events(await response.text())
+        return whole, plain, broken
+
+    (label, text), plain, broken = run(scenario, relay=False)
+    assert label == "r0"
+    assert events(text) == [f'data: {{"i": {i}}}' for i in range(5)] + ["data: [DONE]"]
+    assert plain == {"object": "text_completion", "echo": "hi"}
+    assert "failed mid-stream" in broken[-2] and broken[-1] == "data: [DONE]"
 
 
 def test_pool_reports_refused_and_stalled_upstreams():
