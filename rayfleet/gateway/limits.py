@@ -47,6 +47,17 @@ def requested_max_tokens(body: dict[str, Any]) -> int | None:
     return None
 
 
+def num_items(path: str, body: dict[str, Any]) -> int:
+    """How many messages (chat) or prompts (completions, embeddings) the request holds."""
+    field_name = {"/v1/chat/completions": "messages", "/v1/completions": "prompt"}.get(
+        path, "input"
+    )
+    value = body.get(field_name)
+    if isinstance(value, list) and not (value and isinstance(value[0], int)):
+        return len(value)
+    return 1
+
+
 def check_body_size(limits: Limits, num_bytes: int, model: str) -> None:
     if limits.max_body_bytes is not None and num_bytes > limits.max_body_bytes:
         raise RequestError(

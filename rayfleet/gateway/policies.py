@@ -27,6 +27,7 @@ from rayfleet.gateway.limits import (
     check_body_size,
     check_context,
     check_request,
+    num_items,
     requested_max_tokens,
 )
 from rayfleet.gateway.rules import Route, minute_of_day
@@ -229,7 +230,7 @@ class Policies:
         check_body_size(limits, num_bytes, requested)
         admission = Admission(requested=requested, body=body, key=None)
         admission.clamped = admission.changed = check_request(
-            limits, body, _num_items(path, body), requested
+            limits, body, num_items(path, body), requested
         )
         facts = RequestFacts(path, body, self)
         admission.priority_class = self._priority_class(key, headers)
@@ -239,30 +240,7 @@ class Policies:
         if route is None:
             admission.model = requested
         else:
-            decision = route.decide(facts, usable)
-            if decision is None:
-                raise RequestError(
-                    503,
-                    f"No rule of route '{requested}' has a healthy target right now, and "
-                    "the route has no fallback. Retry shortly, or check `rayfleet status`.",
-                    code="no_route_target",
-                    reason="no_route_target",
-                )
-            admission.route_rule = decision.rule
-            if decision.provider is not None:
-                admission.provider = next(p for p in self.providers if p.name == decision.provider)
-                admission.provider_model = admission.provider.model_for([requested])
-                if admission.provider_model is None:
-                    raise RequestError(
-                        503,
-                        f"Fallback provider '{decision.provider}' maps no model for '{requested}'.",
-                        code="no_provider_model",
-                        reason="no_provider_model",
-                    )
-            else:
-                admission.model = decision.model
-                body["model"] = decision.model
-                admission.changed = True
+            self._follow(route, admission, facts, usable)
 
         target = admission.model
         max_tokens = requested_max_tokens(body)
@@ -272,11 +250,45 @@ class Policies:
             counted_with = target if target is not None else (route.tokenizer if route else None)
             self._charge(key, facts, counted_with, max_tokens, limits)
             admission.key = key
-        cls = admission.priority_class
-        if cls is not None and cls.priority != 0 and target is not None:
-            body["priority"] = cls.priority
+        priority_class = admission.priority_class
+        if priority_class is not None and priority_class.priority != 0 and target is not None:
+            body["priority"] = priority_class.priority
             admission.changed = True
         return admission
+
+    def _follow(
+        self,
+        route: Route,
+        admission: Admission,
+        facts: RequestFacts,
+        usable: Callable[[str], bool],
+    ) -> None:
+        """Send ``admission`` where the first rule of ``route`` that holds says."""
+        requested = admission.requested
+        decision = route.decide(facts, usable)
+        if decision is None:
+            raise RequestError(
+                503,
+                f"No rule of route '{requested}' has a healthy target right now, and "
+                "the route has no fallback. Retry shortly, or check `rayfleet status`.",
+                code="no_route_target",
+                reason="no_route_target",
+            )
+        admission.route_rule = decision.rule
+        if decision.provider is not None:
+            admission.provider = next(p for p in self.providers if p.name == decision.provider)
+            admission.provider_model = admission.provider.model_for([requested])
+            if admission.provider_model is None:
+                raise RequestError(
+                    503,
+                    f"Fallback provider '{decision.provider}' maps no model for '{requested}'.",
+                    code="no_provider_model",
+                    reason="no_provider_model",
+                )
+        else:
+            admission.model = decision.model
+            admission.body["model"] = decision.model
+            admission.changed = True
 
     def fallback_for(self, admission: Admission) -> tuple[Provider, str] | None:
         names = [admission.requested]
@@ -337,13 +349,3 @@ class Policies:
             output = max_tokens or limits.max_tokens or self.contexts.get(model or "", 0)
             num_tokens = facts.prompt_tokens(model) + output
         key.quota.admit(num_tokens, time.monotonic())
-
-
-def _num_items(path: str, body: dict[str, Any]) -> int:
-    field_name = {"/v1/chat/completions": "messages", "/v1/completions": "prompt"}.get(
-        path, "input"
-    )
-    value = body.get(field_name)
-    if isinstance(value, list) and not (value and isinstance(value[0], int)):
-        return len(value)
-    return 1
