@@ -133,7 +133,8 @@ class Gateway:
             return
         try:
             entries = await self.source()
-        except Exception as exc:  # noqa: BLE001 - the registry being briefly away must not stop routing
+        except Exception as exc:  # noqa: BLE001
+            # The registry being briefly away must not stop routing.
             log.warning("could not read the replica registry: %s", exc)
             return
         self.replica_set.update(entries)
