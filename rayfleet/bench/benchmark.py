@@ -14,7 +14,7 @@ from datetime import datetime
 from rayfleet.bench.client import RequestResult, Target, send_one
 from rayfleet.bench.datasets import DatasetSpec, Prompt, Tokenizer, make_prompts
 from rayfleet.bench.load import LoadShape, check_shape
-from rayfleet.bench.metrics import DEFAULT_PERCENTILES, summarize
+from rayfleet.bench.metrics import DEFAULT_PERCENTILES, Summary, summarize
 from rayfleet.bench.runner import Counts, RunOutput, run_load
 from rayfleet.errors import RayfleetError
 
@@ -40,7 +40,7 @@ class BenchConfig:
 class BenchRun:
     """A finished run: the result dict and the raw requests (for plots)."""
 
-    result: dict
+    result: Summary
     output: RunOutput
 
 
@@ -87,10 +87,10 @@ def run_benchmark(
     return BenchRun(result_dict(config, output), output)
 
 
-def result_dict(config: BenchConfig, output: RunOutput) -> dict:
+def result_dict(config: BenchConfig, output: RunOutput) -> Summary:
     """The saved result: vLLM's header keys, the metrics, then our run details."""
     shape = config.shape
-    result = {
+    result: Summary = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
         "endpoint_type": "openai-chat" if config.target.is_chat else "openai",
         "backend": "openai-chat" if config.target.is_chat else "openai",
@@ -134,7 +134,7 @@ def result_dict(config: BenchConfig, output: RunOutput) -> dict:
     return result
 
 
-def detailed_lists(results: list[RequestResult]) -> dict:
+def detailed_lists(results: list[RequestResult]) -> Summary:
     """Per-request lists under vLLM's ``--save-detailed`` keys, plus the replica of each."""
     return {
         "input_lens": [r.num_input_tokens for r in results],

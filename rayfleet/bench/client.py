@@ -19,6 +19,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -76,9 +77,13 @@ class RequestResult:
         )
 
 
-def request_body(target: Target, prompt: Prompt) -> dict:
+def request_body(target: Target, prompt: Prompt) -> dict[str, Any]:
     """The JSON body of a streamed completions or chat request."""
-    body: dict = {"model": target.model, "stream": True, "stream_options": {"include_usage": True}}
+    body: dict[str, Any] = {
+        "model": target.model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if target.is_chat:
         body["messages"] = [{"role": "user", "content": prompt.text}]
         body["max_completion_tokens"] = prompt.num_output_tokens
@@ -182,11 +187,13 @@ def read_event(line: bytes, result: RequestResult) -> None:
 
 
 async def _first_model(base_url: str) -> str:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        async with session.get(base_url.rstrip("/") + "/v1/models") as response:
-            response.raise_for_status()
-            body = await response.json()
-    return body["data"][0]["id"]
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+        session.get(base_url.rstrip("/") + "/v1/models") as response,
+    ):
+        response.raise_for_status()
+        body = await response.json()
+    return str(body["data"][0]["id"])
 
 
 def first_model(base_url: str) -> str | None:

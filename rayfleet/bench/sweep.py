@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from rayfleet.bench.benchmark import BenchConfig, BenchRun, run_benchmark
 from rayfleet.bench.datasets import Tokenizer, make_prompts
-from rayfleet.bench.metrics import error_share, slo_attainment
+from rayfleet.bench.metrics import Summary, error_share, slo_attainment
 from rayfleet.bench.runner import Counts
 from rayfleet.errors import RayfleetError
 
@@ -35,7 +35,7 @@ class SweepRun:
     steps: list[BenchRun]
     stop_reason: str
 
-    def result(self, plan: SweepPlan) -> dict:
+    def result(self, plan: SweepPlan) -> Summary:
         """The saved sweep: one vLLM-style result per step, and why it stopped."""
         return {
             "sweep": {
@@ -66,7 +66,7 @@ def step_config(config: BenchConfig, variable: str, value: float) -> BenchConfig
     return replace(config, shape=replace(config.shape, max_concurrency=int(value)))
 
 
-def stop_reason(result: dict, plan: SweepPlan) -> str | None:
+def stop_reason(result: Summary, plan: SweepPlan) -> str | None:
     """Why the sweep ends after this step, or None to go on."""
     if result.get("interrupted"):
         return "interrupted"

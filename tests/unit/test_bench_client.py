@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+from typing import ClassVar
 
 import pytest
 from aiohttp import web
@@ -76,7 +77,7 @@ class SplitChunkServer:
     """Streams vLLM-shaped events cut at awkward byte offsets, and a usage chunk that
     reports more tokens than chunks (a server that batches tokens)."""
 
-    EVENTS = [
+    EVENTS: ClassVar[list[bytes]] = [
         b'data: {"choices":[{"index":0,"text":"a"}]}\n\n',
         b'data: {"choices":[{"index":0,"text":"error"}]}\n\n',
         b'data: {"choices":[{"index":0,"text":"c"}]}\n\n',

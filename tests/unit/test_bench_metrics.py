@@ -134,7 +134,7 @@ def test_throughput_timeline_and_concurrency_as_vllm_buckets_them():
     # vLLM counts a request in every one-second bucket it touches: both touch second 0.
     assert max_requests_per_second_bucket(results) == 2
     assert (
-        max_requests_per_second_bucket(results[:1] + [ok(start_s=0.95, ttft_s=0.01, itl_s=())]) == 2
+        max_requests_per_second_bucket([*results[:1], ok(start_s=0.95, ttft_s=0.01, itl_s=())]) == 2
     )
     summary = summarize(results, 3.0)
     assert summary["max_output_tokens_per_s"] == 5.0 and summary["max_in_flight_requests"] == 2
