@@ -20,7 +20,7 @@ up: install models
 test: install lint
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
-# The lint gate: lint rules, formatting and types (strict for gateway/ and config/).
+# The lint gate: lint rules, formatting and types (mypy --strict over rayfleet/).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
