@@ -1,22 +1,25 @@
-"""``rayfleet up``, ``rayfleet status`` and ``rayfleet down``."""
+"""``rayfleet up``, ``rayfleet status`` and ``rayfleet down``: parse, call one function of
+rayfleet/control/lifecycle.py, print. Nothing heavy is imported before a command runs."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from rayfleet.errors import RayfleetError
+if TYPE_CHECKING:
+    from rayfleet.config import FleetConfig
+    from rayfleet.control.lifecycle import ModelLaunch
 
 console = Console(stderr=True, highlight=False)
+
+
+def _say(message: str) -> None:
+    console.print(message, markup=False)
 
 
 def up(
@@ -34,7 +37,15 @@ def up(
         False, "--detach", "-d", help="Run in the background; return once the fleet is ready."
     ),
     ready_timeout_s: float = typer.Option(
-        1200.0, "--ready-timeout", help="With --detach: seconds to wait for the fleet to be ready."
+        1200.0,
+        "--ready-timeout-s",
+        help="With --detach: seconds to wait for the fleet to be ready.",
+    ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Validate the fleet, check engine arguments with vLLM's parser and print what "
+        "each model would start with (derived arguments marked); start nothing.",
     ),
 ) -> None:
     """Serve a fleet: start or join Ray, deploy every model, serve the OpenAI gateway.
@@ -42,104 +53,51 @@ def up(
     Runs in the foreground until Ctrl-C (or `rayfleet down`), which stops every vLLM
     server, Ray worker and port it started.
     """
-    from rayfleet.control.state import RunState
+    from rayfleet.control import lifecycle
 
-    config = _load_config(config_file, port)
-    running = RunState.load()
-    if running is not None and running.process_alive():
-        raise RayfleetError(
-            f"a fleet is already running (pid {running.pid}, {running.gateway_url}); "
-            "stop it with `rayfleet down` first"
-        )
-    if detach:
-        _up_detached(config_file, port, ready_timeout_s)
+    config = lifecycle.fleet_config(config_file, port, build_demo=not dry_run, say=_say)
+    if dry_run:
+        _print_launches(config, lifecycle.dry_run(config))
         return
-    from rayfleet.control.engine_args import check_engine_args
-    from rayfleet.control.fleet import FleetProcess
-
-    console.print("checking engine arguments with vLLM's parser")
-    check_engine_args(config)
-    FleetProcess(config, say=lambda msg: console.print(msg)).run()
-
-
-def _load_config(config_file: Path | None, port: int | None):
-    from rayfleet.config import default_fleet, load_fleet
-
-    if config_file is None:
-        from rayfleet.models.build import make_demo
-
-        config = default_fleet()
-        make_demo(Path(config.models[0].source), progress=lambda m: console.print(m))
-    else:
-        config = load_fleet(config_file)
-    if port is not None:
-        config.gateway.port = port
-    return config
+    lifecycle.refuse_if_running()
+    if detach:
+        with console.status("waiting for the fleet to be ready"):
+            state = lifecycle.start_detached(config_file, port, ready_timeout_s, say=_say)
+        _say(f"fleet ready: OpenAI-compatible API at {state.gateway_url}/v1")
+        return
+    lifecycle.serve(config, say=_say)
 
 
-def _up_detached(config_file: Path | None, port: int | None, ready_timeout_s: float) -> None:
-    from rayfleet._home import rayfleet_home
-    from rayfleet.control.state import RunState, clear_state
-
-    clear_state()
-    argv = [sys.executable, "-m", "rayfleet.cli", "up"]
-    if config_file is not None:
-        argv += ["-c", str(config_file)]
-    if port is not None:
-        argv += ["--port", str(port)]
-    log_path = rayfleet_home() / "logs" / f"up-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
+def _print_launches(config: FleetConfig, launches: list[ModelLaunch]) -> None:
+    gateway = config.gateway
+    typer.echo("fleet valid; vLLM's parser accepts every model's engine arguments; nothing started")
+    typer.echo(f"gateway http://{gateway.host}:{gateway.port}/v1, Ray: {config.cluster.address}")
+    for launch in launches:
+        typer.echo(
+            f"model '{launch.name}': {launch.replicas} replica(s) of {launch.source}, "
+            f"{launch.num_cpus:g} CPU and {launch.num_gpus:g} GPU each"
         )
-    console.print(f"fleet starting in the background (pid {proc.pid}); log: {log_path}")
-    deadline = time.monotonic() + ready_timeout_s
-    with console.status("waiting for the fleet to be ready"):
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
-                raise RayfleetError(
-                    f"the fleet exited with code {proc.returncode} before it was ready:\n"
-                    + "\n".join(tail)
-                )
-            state = RunState.load()
-            if state is not None and state.pid == proc.pid and state.phase == "ready":
-                console.print(f"fleet ready: OpenAI-compatible API at {state.gateway_url}/v1")
-                return
-            time.sleep(0.5)
-    raise RayfleetError(
-        f"the fleet was not ready after {ready_timeout_s:.0f}s; see {log_path}, "
-        "then `rayfleet down`"
-    )
+        for key, value in launch.engine_args.items():
+            shown = value if isinstance(value, str) else json.dumps(value)
+            because = launch.derived.get(key)
+            typer.echo(f"  {key}: {shown}" + (f"  (derived: {because})" if because else ""))
+        typer.echo(f"  vLLM flags: {' '.join(launch.argv)}")
 
 
 def status(
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
 ) -> None:
     """Show the running fleet: nodes, models, replicas with node, URL, health and load."""
-    state = _running_state()
-    try:
-        with urllib.request.urlopen(state.gateway_url + "/rayfleet/status", timeout=10) as resp:
-            report = json.load(resp)
-    except (urllib.error.URLError, OSError) as exc:
-        raise RayfleetError(
-            f"the fleet (pid {state.pid}) is {state.phase} but its gateway at "
-            f"{state.gateway_url} does not answer ({exc}); see logs in {state.log_dir}"
-        ) from None
-    report["phase"] = state.phase
-    report["gateway_url"] = state.gateway_url
+    from rayfleet.control import lifecycle
+
+    report = lifecycle.fetch_status(lifecycle.running_state())
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
     _print_status(report)
 
 
-def _print_status(report: dict) -> None:
+def _print_status(report: dict[str, Any]) -> None:
     out = Console()
     out.print(f"fleet [bold]{report['phase']}[/] at {report['gateway_url']}/v1")
     nodes = Table("node", "ip", "alive", "CPUs", "GPUs", title="nodes")
@@ -167,51 +125,13 @@ def _print_status(report: dict) -> None:
     out.print(replicas)
 
 
-def _running_state():
-    from rayfleet.control.state import RunState, clear_state, state_path
-
-    state = RunState.load()
-    if state is None:
-        raise RayfleetError(
-            f"no fleet is running (no {state_path()}); start one with `rayfleet up`"
-        )
-    if not state.process_alive():
-        _kill_engines(state)
-        clear_state()
-        raise RayfleetError(
-            f"the fleet process {state.pid} is gone (stale state removed); start one with `rayfleet up`"
-        )
-    return state
-
-
 def down(
-    timeout_s: float = typer.Option(120.0, "--timeout", help="Seconds to wait for a clean stop."),
+    timeout_s: float = typer.Option(
+        120.0, "--timeout-s", help="Seconds to wait for a clean stop before killing."
+    ),
 ) -> None:
     """Stop the running fleet: gateway, replicas, vLLM servers and the embedded Ray."""
-    import psutil
+    from rayfleet.control import lifecycle
 
-    from rayfleet.control.state import clear_state
-
-    state = _running_state()
-    proc = psutil.Process(state.pid)
-    descendants = proc.children(recursive=True)
-    console.print(f"stopping the fleet (pid {state.pid})")
-    proc.terminate()
-    try:
-        proc.wait(timeout=timeout_s)
-    except psutil.TimeoutExpired:
-        console.print(f"[yellow]no clean stop after {timeout_s:.0f}s; killing what is left[/]")
-        proc.kill()
-    gone, alive = psutil.wait_procs(descendants, timeout=10)
-    for leftover in alive:
-        leftover.kill()
-    _kill_engines(state)
-    clear_state()
-    console.print("fleet stopped")
-
-
-def _kill_engines(state) -> None:
-    from rayfleet.control.engine import kill_process_group
-
-    for pid in state.engine_pids:
-        kill_process_group(pid, grace_s=5)
+    lifecycle.stop_fleet(lifecycle.running_state(), timeout_s, say=_say)
+    _say("fleet stopped")

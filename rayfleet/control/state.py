@@ -1,9 +1,12 @@
 """The run-state file that connects ``rayfleet up`` with ``status`` and ``down``.
 
 ``$RAYFLEET_HOME/run/fleet.json`` holds the fleet process's pid, its gateway URL,
-its phase (starting, ready, stopping) and the pids of the vLLM servers it has
-seen, so that ``down`` can stop everything even when the fleet process is gone.
-Written atomically; removed when the fleet stops.
+its phase and the pids of the vLLM servers it has seen, so that ``down`` can stop
+everything even when the fleet process is gone. Phases: ``starting`` (Ray and the
+replicas coming up), ``ready`` (every model has all its replicas), ``failed`` (a
+deployment failed; ``error`` says why), ``stopping`` (shutting down). Written by the
+fleet process (rayfleet/control/fleet.py) atomically at each change; removed when the
+fleet stops.
 """
 
 from __future__ import annotations
@@ -54,11 +57,20 @@ class RunState:
         return cls(**known)
 
     def process_alive(self) -> bool:
+        """True while the fleet process runs (an exited, unreaped one does not)."""
         try:
-            proc = psutil.Process(self.pid)
+            return process_running(psutil.Process(self.pid))
         except psutil.NoSuchProcess:
             return False
-        return proc.status() != psutil.STATUS_ZOMBIE
+
+
+def process_running(proc: psutil.Process) -> bool:
+    """True while ``proc`` runs. A zombie (exited, not yet reaped by its parent) and a
+    process whose pid now belongs to another process do not."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def clear_state(path: Path | None = None) -> None:

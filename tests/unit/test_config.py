@@ -135,3 +135,38 @@ def test_cli_reports_bad_fleet_in_one_line(tmp_path, text, expected):
     assert len(errors) == 1 and expected in errors[0], result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists(), "nothing may start for a bad fleet"
+
+
+PRIORITY_FLEET = """
+gateway:
+  priority_classes: [{name: batch, priority: 10}]
+models:
+  - name: a
+    source: /models/a
+    replicas: 2
+    engine_args: {max_model_len: 512%s}
+"""
+
+
+def test_up_dry_run_prints_what_would_start_and_starts_nothing(tmp_path):
+    path = tmp_path / "fleet.yaml"
+    path.write_text(PRIORITY_FLEET % "")
+    result = _rayfleet("up", "--dry-run", "-c", str(path), home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "model 'a': 2 replica(s) of /models/a" in result.stdout
+    assert "  max_model_len: 512" in lines
+    derived = [line for line in lines if "scheduling_policy: priority" in line]
+    assert len(derived) == 1 and "(derived: gateway.priority_classes" in derived[0]
+    assert "  vLLM flags: --max-model-len 512 --scheduling-policy priority" in lines
+    assert not (tmp_path / "run").exists() and not (tmp_path / "logs").exists()
+
+
+def test_up_dry_run_keeps_the_scheduling_policy_conflict(tmp_path):
+    path = tmp_path / "fleet.yaml"
+    path.write_text(PRIORITY_FLEET % ", scheduling_policy: fcfs")
+    result = _rayfleet("up", "--dry-run", "-c", str(path), home=tmp_path)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    assert "model 'a' sets scheduling_policy 'fcfs', but gateway.priority_classes need" in errors[0]

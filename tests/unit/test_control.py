@@ -1,8 +1,13 @@
-"""Control-plane pieces that need no Ray: engine command lines, placement, core spreading."""
+"""Control-plane pieces that need no Ray: engine command lines, placement, core spreading,
+the dry run and stopping a fleet process."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import time
+
+import psutil
 
 from rayfleet.config import parse_fleet
 from rayfleet.control.engine import server_argv
@@ -113,3 +118,65 @@ def test_pick_core_spreads_replicas_and_models():
     assert pick_core(claims, "n1", "tiny", 2) == 0
     # Other nodes do not count.
     assert pick_core([("n2", "tiny", 0)], "n1", "tiny", 2) == 0
+
+
+def test_dry_run_marks_derived_engine_args_and_keeps_the_users():
+    from rayfleet.control.lifecycle import dry_run
+
+    config = parse_fleet(
+        {
+            "gateway": {"priority_classes": [{"name": "batch", "priority": 10}]},
+            "models": [
+                {"name": "a", "source": "/models/a", "engine_args": {"max_model_len": 512}},
+                {
+                    "name": "b",
+                    "source": "/models/b",
+                    "replicas": 2,
+                    "engine_args": {"scheduling_policy": "priority"},
+                },
+            ],
+        }
+    )
+    a, b = dry_run(config)
+    assert config.models[0].engine_args == {"max_model_len": 512}, "validation kept user data"
+    assert a.engine_args == {"max_model_len": 512, "scheduling_policy": "priority"}
+    assert list(a.derived) == ["scheduling_policy"]
+    assert "priority_classes" in a.derived["scheduling_policy"]
+    assert a.argv == ["--max-model-len", "512", "--scheduling-policy", "priority"]
+    # A model that asks for the priority scheduler itself has nothing derived.
+    assert (b.replicas, b.derived, b.engine_args) == (2, {}, {"scheduling_policy": "priority"})
+
+
+def test_down_does_not_wait_for_an_exited_fleet_process_nobody_reaped(tmp_path, monkeypatch):
+    """`down` is not the fleet process's parent: once the process exits it stays a zombie
+    until its parent reaps it, and that must count as stopped."""
+    from rayfleet.control.lifecycle import stop_fleet
+    from rayfleet.control.state import RunState, state_path
+
+    monkeypatch.setenv("RAYFLEET_HOME", str(tmp_path))
+    # A parent that never reaps, and under it a stand-in for the fleet process.
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+            "print(child.pid, flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        fleet_pid = int(parent.stdout.readline())
+        state = RunState(pid=fleet_pid, gateway_url="http://127.0.0.1:1")
+        state.save()
+        started = time.monotonic()
+        stop_fleet(state, timeout_s=60, say=lambda _: None)
+        assert time.monotonic() - started < 30
+        assert psutil.Process(fleet_pid).status() == psutil.STATUS_ZOMBIE
+        assert not state.process_alive()
+        assert not state_path().exists()
+    finally:
+        parent.kill()
+        parent.wait()
