@@ -183,8 +183,7 @@ class ApiKeyConfig(StrictModel):
     name: str = Field(min_length=1, description="Shown in metrics; never the key itself.")
     key_sha256: str | None = Field(
         default=None,
-        description="'sha256:<64 hex>' of the key (make one with "
-        "`python -m rayfleet.gateway.auth`).",
+        description="'sha256:<64 hex>' of the key (make one with `rayfleet keys hash`).",
     )
     key_file: str | None = Field(
         default=None, description="File holding the key itself (first line); hashed at start."

@@ -1,11 +1,14 @@
 """Run a fleet in this process: Ray, one Serve application per model, the gateway.
 
-``serve_fleet(config)`` is what ``rayfleet up`` calls; it returns when the fleet has
-been stopped (SIGINT or SIGTERM) and everything it started is gone::
+``FleetProcess(config).run()`` is what ``rayfleet up`` runs (through
+``lifecycle.serve``, in the foreground or in the background process of ``up --detach``);
+it returns when the fleet has been stopped (SIGINT or SIGTERM) and everything it
+started is gone. It keeps the run-state file (rayfleet/control/state.py) current::
 
     connect_ray          embedded local Ray, or join 'auto' / 'ray://...'
     deploy               Serve without its HTTP proxy (the gateway is the ingress),
-                         the FleetRegistry, then every model's application at once
+                         the FleetRegistry, then every model's application at once,
+                         each replica's vLLM started with config.engine_args_for(model)
     gateway              aiohttp on config.gateway.host:port, polling the registry
     wait_until_ready     progress per model until each has all its replicas, or a
                          clear error when Serve reports a deployment failed
@@ -25,12 +28,19 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rayfleet._home import rayfleet_home
 from rayfleet.config import FleetConfig
 from rayfleet.control.engine import kill_process_group
 from rayfleet.control.state import RunState, clear_state
 from rayfleet.errors import RayfleetError
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+    from rayfleet.control.registry import Entry
+    from rayfleet.gateway.app import Gateway
 
 log = logging.getLogger("rayfleet.fleet")
 
@@ -57,7 +67,7 @@ def connect_ray(config: FleetConfig) -> str:
     return address
 
 
-def deploy(config: FleetConfig, log_dir: Path):
+def deploy(config: FleetConfig, log_dir: Path) -> ActorHandle[Any]:
     """Deploy every model; returns the registry handle, which the caller must keep alive."""
     from ray import serve
     from ray.serve.api import RunTarget
@@ -89,7 +99,7 @@ def failed_deployments(config: FleetConfig) -> dict[str, str]:
     from ray import serve
 
     apps = serve.status().applications
-    failed = {}
+    failed: dict[str, str] = {}
     for model in config.models:
         app = apps.get(model.name)
         if app is not None and app.status == "DEPLOY_FAILED":
@@ -98,18 +108,19 @@ def failed_deployments(config: FleetConfig) -> dict[str, str]:
     return failed
 
 
-async def registry_entries() -> list[dict]:
+async def registry_entries() -> list[Entry]:
     from rayfleet.control.registry import get_registry
 
-    return await get_registry().entries.remote()
+    entries: list[Entry] = await get_registry().entries.remote()
+    return entries
 
 
-async def cluster_status() -> dict:
+async def cluster_status() -> dict[str, Any]:
     """Nodes and Serve application states, for GET /rayfleet/status."""
     import ray
     from ray import serve
 
-    def collect() -> dict:
+    def collect() -> dict[str, Any]:
         nodes = [
             {
                 "node_id": n["NodeID"],
@@ -118,7 +129,7 @@ async def cluster_status() -> dict:
                 "cpus": n.get("Resources", {}).get("CPU", 0),
                 "gpus": n.get("Resources", {}).get("GPU", 0),
             }
-            for n in ray.nodes()
+            for n in ray.nodes()  # type: ignore[no-untyped-call]
         ]
         apps = {
             name: {"status": getattr(app.status, "value", str(app.status)), "message": app.message}
@@ -146,7 +157,7 @@ class FleetProcess:
             started_at=time.time(),
         )
         self.engine_pids: set[int] = set()
-        self.registry = None  # the handle keeps the registry actor alive
+        self.registry: ActorHandle[Any] | None = None  # keeps the registry actor alive
         from rayfleet.gateway.policies import Policies
 
         # Key files and provider keys are read now, so a missing one fails before Ray starts.
@@ -211,7 +222,7 @@ class FleetProcess:
             await asyncio.to_thread(self._shutdown)
             clear_state()
 
-    async def _entries(self) -> list[dict]:
+    async def _entries(self) -> list[Entry]:
         entries = await registry_entries()
         pids = {e["pid"] for e in entries if e.get("pid")}
         if not pids <= self.engine_pids:
@@ -220,7 +231,7 @@ class FleetProcess:
             self.state.save()
         return entries
 
-    async def _wait_until_ready(self, gateway) -> None:
+    async def _wait_until_ready(self, gateway: Gateway) -> None:
         last = None
         while True:
             counts = {
@@ -245,7 +256,8 @@ class FleetProcess:
         for model in self.config.models:
             self.say(f"  model '{model.name}': {model.replicas} replica(s)")
         self.say(
-            f"  try: curl {url}/v1/models    status: rayfleet status    stop: Ctrl-C or rayfleet down"
+            f"  try: curl {url}/v1/models    status: rayfleet status    "
+            "stop: Ctrl-C or rayfleet down"
         )
 
     def _shutdown(self) -> None:
@@ -255,7 +267,7 @@ class FleetProcess:
             from ray import serve
 
             if ray.is_initialized():
-                serve.shutdown()
+                serve.shutdown()  # type: ignore[no-untyped-call]
         with contextlib.suppress(Exception):
             ray.shutdown()
         for pid in sorted(self.engine_pids):
