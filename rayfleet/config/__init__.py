@@ -12,16 +12,11 @@ Ray or vLLM; the check of engine arguments against vLLM's parser is in
 rayfleet/control/engine_args.py.
 """
 
-from rayfleet.config.base import StrictModel
 from rayfleet.config.fleet import (
-    DEMO_ENGINE_ARGS,
-    DEMO_MODEL_NAME,
-    RESERVED_ENGINE_ARGS,
     ClusterConfig,
     DerivedArg,
     FleetConfig,
     ModelConfig,
-    PlacementStrategy,
     default_fleet,
     load_fleet,
     parse_fleet,
@@ -41,9 +36,6 @@ from rayfleet.config.gateway import (
 from rayfleet.config.messages import did_you_mean
 
 __all__ = [
-    "DEMO_ENGINE_ARGS",
-    "DEMO_MODEL_NAME",
-    "RESERVED_ENGINE_ARGS",
     "ApiKeyConfig",
     "ClusterConfig",
     "DerivedArg",
@@ -52,13 +44,11 @@ __all__ = [
     "GatewayConfig",
     "LimitsConfig",
     "ModelConfig",
-    "PlacementStrategy",
     "PriorityClassConfig",
     "ProviderConfig",
     "ReplicaProtectionConfig",
     "RouteConfig",
     "RuleConfig",
-    "StrictModel",
     "TimeWindow",
     "default_fleet",
     "did_you_mean",
