@@ -181,8 +181,6 @@ class Dispatcher:
             return self.attempts.refuse(error, admission.requested)
         return result
 
-    # -- one attempt: the accounting wrapper around any upstream ----------------------
-
     # -- helpers ----------------------------------------------------------------------
 
     def _upstream_for(self, replica: Replica) -> Upstream:
