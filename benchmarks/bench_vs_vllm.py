@@ -14,6 +14,11 @@ median of each metric over the rounds is compared as ours ÷ vLLM's:
 2. Against a real vLLM server on the tiny model at ``--vllm-concurrency`` (1 and 2),
    reported, not judged: there the server shares the machine's cores with the client.
 
+Like with like, vLLM's client runs with its session opened without ``trust_env`` unless
+``--vllm-trust-env``: as vLLM opens it, aiohttp looks up netrc and proxy settings on a
+worker thread for every request after the request's start is stamped, which reads TTFT
+high (at concurrency 8 on the simulator, p99 15% above the server's; docs/bench.md).
+
     flock /tmp/rayfleet-heavy.lock .venv/bin/python benchmarks/bench_vs_vllm.py \\
         --out results/bench_vs_vllm.json
 
@@ -197,8 +202,9 @@ def main() -> int:
     parser.add_argument(
         "--vllm-trust-env",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="vLLM's client session as vLLM opens it (trust_env=True), or without",
+        default=False,
+        help="open vLLM's client session as vLLM does (trust_env=True: a netrc and a proxy "
+        "lookup on a worker thread per request, inside its TTFT); default: without",
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -206,13 +212,17 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-vs-vllm-") as tmp:
         simulated = simulator_part(args, tokenizer, Path(tmp)) if args.sim_concurrency else {}
         real = vllm_part(args, tokenizer, Path(tmp)) if args.vllm_concurrency else {}
+    setting = f"; vLLM's client trust_env={args.vllm_trust_env}"
     sim_title = (
         f"Simulator: {args.first_token_delay_ms:g} ms to the first token, "
         f"{args.token_delay_ms:g} ms between tokens, {args.sim_output_len} out, "
-        f"{args.sim_num_prompts} prompts, medians of {args.rounds} rounds"
+        f"{args.sim_num_prompts} prompts, medians of {args.rounds} rounds{setting}"
     )
     sim_table, agree = table(sim_title, simulated, args.tolerance) if simulated else ("", True)
-    real_title = f"vLLM on the tiny model: 64 in / 64 out, {args.vllm_num_prompts} prompts"
+    real_title = (
+        f"vLLM on the tiny model: 64 in / 64 out, {args.vllm_num_prompts} prompts, "
+        f"medians of {args.rounds} rounds{setting}"
+    )
     real_table = table(real_title, real, None)[0] if real else ""
     print(sim_table, real_table, sep="\n\n")
     if args.out:

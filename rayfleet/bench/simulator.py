@@ -86,6 +86,33 @@ ERROR_EVENT = b'data: {"error":{"message":"replica lost","type":"server_error","
 DONE = b"data: [DONE]\n\n"
 
 
+async def stream_tokens(
+    response: web.StreamResponse,
+    spec: SimulatorSpec,
+    chunk: bytes,
+    num_tokens: int,
+    fails: bool,
+    usage: bytes,
+    timing: list[Any],
+) -> None:
+    """Stream ``num_tokens`` chunks at ``spec``'s pace (or an error event after the first,
+    when ``fails``), then ``usage`` and ``[DONE]``; ``timing[1:]`` becomes the first and
+    last token's departure and the number of tokens sent."""
+    if spec.first_token_delay_s:
+        await asyncio.sleep(spec.first_token_delay_s)
+    for i in range(num_tokens):
+        if i and spec.token_delay_s:
+            await asyncio.sleep(spec.token_delay_s)
+        await response.write(chunk)
+        timing[2:] = [time.perf_counter(), i + 1]
+        if i == 0:
+            timing[1] = timing[2]
+            if fails:
+                await response.write(ERROR_EVENT)
+                return
+    await response.write(usage + DONE)
+
+
 def make_app(spec: SimulatorSpec) -> web.Application:
     """The simulator's aiohttp app: ``/v1/completions``, ``/v1/chat/completions``,
     ``/v1/models``, ``/simulator/stats`` (requests seen so far, with their timings) and
@@ -115,33 +142,13 @@ def make_app(spec: SimulatorSpec) -> web.Application:
         await response.prepare(request)
         timing = [arrival_s, 0.0, 0.0, 0]
         try:
-            await stream_tokens(response, number, num_tokens, is_chat, body, timing)
+            fails = bool(spec.stream_error_every) and number % spec.stream_error_every == 0
+            usage = usage_chunk(len(str(body.get("prompt", ""))) // 4, num_tokens)
+            await stream_tokens(response, spec, chunks[is_chat], num_tokens, fails, usage, timing)
         except ConnectionError:  # the client went away (a cancelled bench): nothing to do
             pass
         seen["requests"].append(timing)
         return response
-
-    async def stream_tokens(
-        response: web.StreamResponse,
-        number: int,
-        num_tokens: int,
-        is_chat: bool,
-        body: dict[str, Any],
-        timing: list[Any],
-    ) -> None:
-        if spec.first_token_delay_s:
-            await asyncio.sleep(spec.first_token_delay_s)
-        for i in range(num_tokens):
-            if i and spec.token_delay_s:
-                await asyncio.sleep(spec.token_delay_s)
-            await response.write(chunks[is_chat])
-            timing[2:] = [time.perf_counter(), i + 1]
-            if i == 0:
-                timing[1] = timing[2]
-            if spec.stream_error_every and number % spec.stream_error_every == 0 and i == 0:
-                await response.write(ERROR_EVENT)
-                return
-        await response.write(usage_chunk(len(str(body.get("prompt", ""))) // 4, num_tokens) + DONE)
 
     async def stats(request: web.Request) -> web.Response:
         return web.json_response(seen)
