@@ -13,14 +13,22 @@
           enforce_eager: true
         replicas: 2
         num_cpus: 1
-        num_gpus: 0
-        placement_strategy: PACK  # PACK | SPREAD | STRICT_PACK
+        num_gpus: 0               # GPUs per replica per node; 0: vLLM's CPU build
+        memory_gib: 8             # optional Ray memory reservation per replica
+        accelerator: auto         # auto | gpu | cpu
+        placement_strategy: PACK  # PACK | SPREAD | STRICT_PACK (placement groups only)
 
 ``load_fleet(path)`` parses and validates a file; ``parse_fleet(data, origin)``
 validates an already-loaded mapping; ``default_fleet()`` is what ``rayfleet up``
 serves without a file. Every problem is a ``ConfigError`` whose one-line message
 names the file, the field path, the reason and, for a misspelt key, the key it
 probably meant (rayfleet/config/messages.py).
+
+A GPU engine (``ModelConfig.gpu_engine``: num_gpus > 0, accelerator gpu, or Ray
+executor workers) must reserve what its engine arguments use on each node:
+``gpus_per_node_needed`` (TP x PP / ``nodes_per_replica``, computed once there) whole
+GPUs, else ``gpu_shortfall`` refuses it in one line with the fix. CPU engines are
+never refused for GPUs.
 
 Validation never changes what the user wrote. Values the fleet derives from the
 whole file are methods: ``FleetConfig.engine_args_for(model)`` is what a model's vLLM
@@ -32,6 +40,7 @@ parser imports vLLM and lives in the control plane (rayfleet/control/engine_args
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -44,6 +53,7 @@ from rayfleet.config.messages import describe
 from rayfleet.errors import ConfigError
 
 PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK"]
+Accelerator = Literal["auto", "gpu", "cpu"]
 
 # Flags rayfleet sets itself for every replica; a user value would be silently lost.
 RESERVED_ENGINE_ARGS = {"model", "served_model_name", "host", "port"}
@@ -87,9 +97,27 @@ class ModelConfig(StrictModel):
     )
     replicas: int = Field(default=1, ge=1, description="Number of identical vLLM servers.")
     num_cpus: float = Field(default=1.0, ge=0, description="Ray CPUs reserved per replica.")
-    num_gpus: float = Field(default=0.0, ge=0, description="Ray GPUs per replica (single-node).")
+    num_gpus: float = Field(
+        default=0.0,
+        ge=0,
+        description="Ray GPUs the replica reserves on its node; its vLLM server sees exactly "
+        "those (CUDA_VISIBLE_DEVICES). A GPU engine needs tensor x pipeline parallel size.",
+    )
+    memory_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="Ray memory (GiB of host RAM) reserved per replica; none by default.",
+    )
+    accelerator: Accelerator = Field(
+        default="auto",
+        description="gpu: a GPU engine even with num_gpus 0 (then refused with the fix); cpu: "
+        "vLLM's CPU build; auto: a GPU engine when num_gpus > 0 or the engine's workers are "
+        "Ray actors (distributed_executor_backend: ray).",
+    )
     placement_strategy: PlacementStrategy = Field(
-        default="PACK", description="How the bundles of one multi-GPU replica are placed."
+        default="PACK",
+        description="How the bundles of a replica's placement group are placed (only models "
+        "whose engine workers are Ray actors have one).",
     )
     startup_timeout_s: float = Field(
         default=900.0, gt=0, description="Longest a replica may take to load its model."
@@ -110,6 +138,36 @@ class ModelConfig(StrictModel):
             )
         return normal
 
+    @model_validator(mode="after")
+    def _gpus_cover_engine(self) -> ModelConfig:
+        problem = gpu_shortfall(self)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+    @property
+    def uses_ray_executor(self) -> bool:
+        """The engine's workers are Ray actors: GPUs live in the replica's placement group."""
+        return self.engine_args.get("distributed_executor_backend") == "ray"
+
+    @property
+    def gpu_engine(self) -> bool:
+        """Whether the replica's vLLM server runs on GPUs (the CPU build runs on none)."""
+        if self.accelerator != "auto":
+            return self.accelerator == "gpu"
+        return self.num_gpus > 0 or self.uses_ray_executor
+
+    @property
+    def nodes_per_replica(self) -> int:
+        """Nodes one replica's vLLM server spans: one today (a Ray-executor engine's
+        workers are placed by its placement group, not by this count)."""
+        return 1
+
+    @property
+    def gpus_per_node_needed(self) -> int:
+        """GPUs a GPU engine's replica needs on each of its nodes: TP x PP / nodes."""
+        return math.ceil(self.world_size / self.nodes_per_replica)
+
     @property
     def tensor_parallel_size(self) -> int:
         return int(self.engine_args.get("tensor_parallel_size", 1))
@@ -122,6 +180,38 @@ class ModelConfig(StrictModel):
     def world_size(self) -> int:
         """Engine workers (GPUs) one replica needs."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+def gpu_shortfall(model: ModelConfig) -> str | None:
+    """Why ``model``'s replica cannot hold its GPU engine, in one line, or None.
+
+    CPU engines (vLLM's CPU build) reserve no GPU and are never refused; a Ray-executor
+    engine reserves one GPU bundle per worker in its placement group, which is enough.
+    """
+    if model.accelerator == "cpu" and model.num_gpus > 0:
+        return (
+            f"accelerator is cpu but num_gpus is {model.num_gpus:g}; "
+            "set num_gpus: 0 for vLLM's CPU build, or accelerator: gpu"
+        )
+    if not model.gpu_engine or model.uses_ray_executor:
+        return None
+    need = model.gpus_per_node_needed
+    shape = (
+        f"tensor_parallel_size {model.tensor_parallel_size} x "
+        f"pipeline_parallel_size {model.pipeline_parallel_size}"
+    )
+    if model.num_gpus != int(model.num_gpus) and model.world_size > 1:
+        return (
+            f"num_gpus {model.num_gpus:g} is a fraction of a GPU but {shape} needs "
+            f"{need} whole GPUs per node; set num_gpus: {need}"
+        )
+    if model.num_gpus < need:
+        return (
+            f"engine_args need {need} GPU(s) per node ({shape}) but num_gpus reserves "
+            f"{model.num_gpus:g}; set num_gpus: {need}"
+            + ("" if model.num_gpus else ", or accelerator: cpu for vLLM's CPU build")
+        )
+    return None
 
 
 class DerivedArg(NamedTuple):

@@ -61,7 +61,7 @@ def fleet_needs(fleet: FleetConfig | None, nodes: Sequence[Node]) -> FleetNeeds:
 
 
 def _model_need(model: ModelConfig, max_node_gpus: float) -> ModelNeed:
-    needs_gpus = model.num_gpus > 0
+    needs_gpus = model.gpu_engine
     gpus_per_replica = max(model.num_gpus, model.world_size) if needs_gpus else 0
     # CPU engines run TP/PP with vLLM's multiprocessing executor: always one node.
     cross_node = (

@@ -233,8 +233,8 @@ models:
     engine_args: {tensor_parallel_size: 2}
   - name: big
     source: org/big-model
-    num_gpus: 1
-    engine_args: {tensor_parallel_size: 8, pipeline_parallel_size: 2}
+    engine_args: {tensor_parallel_size: 8, pipeline_parallel_size: 2,
+                  distributed_executor_backend: ray}
 """,
         )
     )
