@@ -14,11 +14,11 @@ Lifecycle of one replica (Ray Serve owns it: placement, restarts, scaling)::
 
 Tokens never pass through this actor: the gateway talks to the vLLM server directly.
 
-Models whose engine workers are Ray actors (``distributed_executor_backend: ray``,
-the multi-node case) get one placement group per replica: a first bundle for this
-actor and one ``{"GPU": 1}`` bundle per engine worker, placed with the model's
-``placement_strategy``. ``deployment_options`` builds those options; it is pure so
-it can be checked without a GPU.
+What a replica reserves (its actor's CPU, GPU and memory, or for models whose engine
+workers are Ray actors a placement group) comes from rayfleet/control/placement.py;
+``deployment_options`` turns it into Serve's options and is pure, so it can be checked
+without a GPU. The vLLM server sees exactly the GPUs Ray assigned to this replica
+(``CUDA_VISIBLE_DEVICES`` from ``placement.gpu_env``), never all of its node's.
 """
 
 from __future__ import annotations
@@ -33,24 +33,18 @@ from ray.serve import Application
 
 from rayfleet.config import ModelConfig
 from rayfleet.control.engine import EngineFailed, EngineProcess
+from rayfleet.control.placement import (
+    actor_resources,
+    assigned_gpu_ids,
+    gpu_env,
+    placement_bundles,
+)
 
 log = logging.getLogger("rayfleet.replica")
 
 HEALTH_CHECK_PERIOD_S = 2.0
 HEALTH_CHECK_TIMEOUT_S = 15.0
 GRACEFUL_SHUTDOWN_TIMEOUT_S = 30.0
-
-
-def uses_ray_executor(model: ModelConfig) -> bool:
-    return model.engine_args.get("distributed_executor_backend") == "ray"
-
-
-def placement_bundles(model: ModelConfig) -> list[dict[str, float]] | None:
-    """One placement group per replica for models whose workers are Ray actors."""
-    if not uses_ray_executor(model):
-        return None
-    head = {"CPU": model.num_cpus} if model.num_cpus else {"CPU": 0.01}
-    return [head] + [{"GPU": 1.0} for _ in range(model.world_size)]
 
 
 def deployment_options(model: ModelConfig) -> dict[str, Any]:
@@ -64,14 +58,21 @@ def deployment_options(model: ModelConfig) -> dict[str, Any]:
         "graceful_shutdown_wait_loop_s": 0.5,
         # A server that cannot start fails the same way every time: report it, do not loop.
         "max_constructor_retry_count": 2,
-        "ray_actor_options": {"num_cpus": model.num_cpus, "num_gpus": model.num_gpus},
+        "ray_actor_options": _actor_options(actor_resources(model)),
     }
     bundles = placement_bundles(model)
     if bundles is not None:
         # The actor sits in the first bundle; the GPUs belong to the engine workers.
-        options["ray_actor_options"] = {"num_cpus": bundles[0]["CPU"], "num_gpus": 0}
+        options["ray_actor_options"] = _actor_options({**bundles[0], "GPU": 0})
         options["placement_group_bundles"] = bundles
         options["placement_group_strategy"] = model.placement_strategy
+    return options
+
+
+def _actor_options(resources: dict[str, float]) -> dict[str, Any]:
+    options: dict[str, Any] = {"num_cpus": resources["CPU"], "num_gpus": resources["GPU"]}
+    if "memory" in resources:
+        options["memory"] = int(resources["memory"])
     return options
 
 
@@ -128,7 +129,8 @@ class VLLMReplica:
         return engine
 
     def _engine_env(self) -> dict[str, str]:
-        """The model's env, plus a core of its own for a CPU engine (GPU builds ignore it)."""
+        """The model's env, plus a core of its own for a CPU engine (GPU builds ignore it)
+        and, when Ray assigned this replica GPUs, exactly those as CUDA_VISIBLE_DEVICES."""
         import ray
 
         env = dict(self.model.env)
@@ -140,6 +142,7 @@ class VLLMReplica:
                 )
             )
             env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpus[index])
+        env.update(gpu_env(assigned_gpu_ids()))
         return env
 
     def check_health(self) -> None:
