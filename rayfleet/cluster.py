@@ -7,7 +7,7 @@ differs between them::
 
     connect(address, hint="...", namespace=..., num_cpus=...)   # the fleet process
     with connected(address, hint="..."):                        # doctor, plan --from-cluster
-        ...
+        ray_nodes(), node_resources()                           # what the cluster has, free
 
 When there is no cluster at the address, the error is one line that names the address,
 says how to start a cluster, and ends with the caller's ``hint`` (the fix in that
@@ -91,6 +91,23 @@ def ray_nodes() -> list[dict[str, Any]]:
 
     nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
     return nodes
+
+
+def node_resources() -> list[dict[str, Any]]:
+    """Alive nodes as ``{node_id, ip, total, available}``: Ray's resources now, per node."""
+    from ray._private.state import available_resources_per_node  # Ray's DeveloperAPI
+
+    available: dict[str, dict[str, float]] = available_resources_per_node()  # type: ignore[no-untyped-call]
+    return [
+        {
+            "node_id": node["NodeID"],
+            "ip": node.get("NodeManagerAddress", ""),
+            "total": dict(node.get("Resources") or {}),
+            "available": dict(available.get(node["NodeID"], {})),
+        }
+        for node in ray_nodes()
+        if node.get("Alive")
+    ]
 
 
 def no_cluster(address: str, reason: str, hint: str) -> str:

@@ -13,7 +13,8 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from rayfleet.config import FleetConfig
-    from rayfleet.control.lifecycle import ModelLaunch
+    from rayfleet.control.lifecycle import ClusterFit, ModelLaunch
+    from rayfleet.control.placement import NodeResources
 
 console = Console(stderr=True, highlight=False)
 
@@ -45,7 +46,14 @@ def up(
         False,
         "--dry-run",
         help="Validate the fleet, check engine arguments with vLLM's parser and print what "
-        "each model would start with (derived arguments marked); start nothing.",
+        "each model would start with (derived arguments marked) and the placement each "
+        "replica asks Ray for; start nothing.",
+    ),
+    address: str | None = typer.Option(
+        None,
+        "--address",
+        help="With --dry-run: read this running Ray cluster's nodes (auto, host:port or "
+        "ray://host:port) and say which replicas fit where and which cannot be placed.",
     ),
 ) -> None:
     """Serve a fleet: start or join Ray, deploy every model, serve the OpenAI gateway.
@@ -55,9 +63,15 @@ def up(
     """
     from rayfleet.control import lifecycle
 
+    if address is not None and not dry_run:
+        raise typer.BadParameter(
+            "--address reads a cluster for --dry-run only", param_hint="--address"
+        )
     config = lifecycle.fleet_config(config_file, port, build_demo=not dry_run, say=_say)
     if dry_run:
         _print_launches(config, lifecycle.dry_run(config))
+        if address is not None:
+            _print_fit(address, lifecycle.fit_on_cluster(config, address))
         return
     lifecycle.refuse_if_running()
     if detach:
@@ -82,6 +96,34 @@ def _print_launches(config: FleetConfig, launches: list[ModelLaunch]) -> None:
             because = launch.derived.get(key)
             typer.echo(f"  {key}: {shown}" + (f"  (derived: {because})" if because else ""))
         typer.echo(f"  vLLM flags: {' '.join(launch.argv)}")
+        typer.echo(f"  placement per replica: {launch.placement}")
+
+
+def _print_fit(address: str, fit: ClusterFit) -> None:
+    from rayfleet.control.placement import format_resources, resources_by_node
+
+    typer.echo(f"Ray cluster at {address}: {len(fit.nodes)} node(s), free now / total")
+    labels = {}
+    for node in fit.nodes:
+        labels[node.node_id] = node.label
+        typer.echo(f"  node {node.label}: {_free(node, 'GPU')} GPU, {_free(node, 'CPU')} CPU")
+    for demand, replica in zip(fit.demands, fit.fits, strict=True):
+        name = f"model '{replica.model}' replica {replica.replica}"
+        if replica.nodes is None:
+            typer.echo(f"  {name}: cannot be placed: {replica.reason}")
+            continue
+        where = resources_by_node(demand, replica).items()
+        shown = "; ".join(f"{labels[n]} [{format_resources(r)}]" for n, r in where)
+        typer.echo(f"  {name}: fits on {shown}")
+    unplaced = sum(not f.placed for f in fit.fits)
+    typer.echo(
+        f"{len(fit.fits) - unplaced} of {len(fit.fits)} replica(s) fit the cluster's free resources"
+        + (f"; {unplaced} cannot be placed" if unplaced else "")
+    )
+
+
+def _free(node: NodeResources, key: str) -> str:
+    return f"{node.available.get(key, 0.0):g}/{node.total.get(key, 0.0):g}"
 
 
 def status(

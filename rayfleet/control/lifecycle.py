@@ -2,7 +2,10 @@
 
     fleet_config(file, port)      fleet.yaml (or the demo fleet), port override applied
     dry_run(config)               check engine args with vLLM's parser; what each model
-                                  would start with (``ModelLaunch``), derived args marked
+                                  would start with (``ModelLaunch``), derived args marked,
+                                  and what each replica asks Ray for
+    fit_on_cluster(config, addr)  the running cluster's nodes and free resources, and
+                                  where each replica would fit or why not (``ClusterFit``)
     serve(config)                 check engine args, run the fleet in this process
                                   (``FleetProcess``) until SIGINT or SIGTERM
     start_detached(file, port)    the same in a background process; returns its state
@@ -38,6 +41,15 @@ from rayfleet.config import FleetConfig, default_fleet, load_fleet
 from rayfleet.control.engine import kill_process_group
 from rayfleet.control.engine_args import check_engine_args, engine_argv
 from rayfleet.control.fleet import Say
+from rayfleet.control.placement import (
+    NodeResources,
+    ReplicaDemand,
+    ReplicaFit,
+    describe_demand,
+    fit_replicas,
+    fleet_demands,
+    replica_demand,
+)
 from rayfleet.control.state import RunState, clear_state, process_running, state_path
 from rayfleet.errors import RayfleetError
 
@@ -76,6 +88,7 @@ class ModelLaunch:
     engine_args: dict[str, Any]  # the user's, then the derived ones
     derived: dict[str, str]  # derived argument -> why
     argv: list[str]  # engine_args as vLLM's flags
+    placement: str  # what each replica asks Ray for, per node (placement.describe_demand)
 
 
 def dry_run(config: FleetConfig) -> list[ModelLaunch]:
@@ -95,9 +108,30 @@ def dry_run(config: FleetConfig) -> list[ModelLaunch]:
                 engine_args=engine_args,
                 derived={k: d.because for k, d in config.derived_engine_args(model).items()},
                 argv=engine_argv(engine_args),
+                placement=describe_demand(replica_demand(model)),
             )
         )
     return launches
+
+
+@dataclass
+class ClusterFit:
+    """Where a fleet's replicas would go in a running cluster, as it is now."""
+
+    nodes: list[NodeResources]
+    demands: list[ReplicaDemand]
+    fits: list[ReplicaFit]  # one per demand, in the same order
+
+
+def fit_on_cluster(config: FleetConfig, address: str) -> ClusterFit:
+    """Read the nodes' total and free resources at ``address`` and fit every replica
+    into them (``placement.fit_replicas``). Starts nothing on the cluster."""
+    from rayfleet.cluster import connected, node_resources
+
+    with connected(address, hint="or drop --address to see the placement alone"):
+        nodes = [NodeResources(**record) for record in node_resources()]
+    demands = fleet_demands(config.models)
+    return ClusterFit(nodes, demands, fit_replicas(demands, nodes))
 
 
 def refuse_if_running() -> None:
