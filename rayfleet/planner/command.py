@@ -6,6 +6,8 @@ Nothing heavy at import time: the planner is pure Python, and Ray is imported on
 
 from __future__ import annotations
 
+import shlex
+import sys
 from typing import Annotated
 
 import typer
@@ -48,7 +50,8 @@ def plan(
     else:
         print_plan(result, Console())
     if output.emit is not None and result.fits:
-        write_fleet_entry(result, output.emit, output.name)
+        command = shlex.join(["rayfleet", *sys.argv[1:]])
+        write_fleet_entry(result, output.emit, output.name, command)
         if not output.json:
             Console().print(f"wrote a fleet.yaml model entry to {output.emit}", highlight=False)
     if not result.fits:

@@ -60,6 +60,20 @@ class Plan:
     def fits(self) -> bool:
         return self.chosen is not None
 
+    @property
+    def verdict(self) -> str:
+        """One line: fits or not, on what, with which split."""
+        hw = self.hardware
+        where = f"{hw.nodes} node(s) x {hw.gpus_per_node} GPU(s) of {hw.gpu_memory_gib:g} GiB"
+        layout = self.chosen
+        if layout is None:
+            return f"Does not fit on {where}."
+        ray = "Ray needed" if layout.needs_ray else "Ray optional"
+        return (
+            f"Fits on {where}: TP={layout.tensor_parallel} x "
+            f"PP={layout.pipeline_parallel}, {self.replicas} replica(s), {ray}."
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` document."""
         chosen = _layout_dict(self.chosen) if self.chosen else _empty_layout()

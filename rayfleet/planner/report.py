@@ -32,16 +32,7 @@ def print_plan(plan: Plan, console: Console) -> None:
 
 
 def _verdict(plan: Plan) -> str:
-    hw = plan.hardware
-    where = f"{hw.nodes} node(s) x {hw.gpus_per_node} GPU(s) of {hw.gpu_memory_gib:g} GiB"
-    layout = plan.chosen
-    if layout is None:
-        return f"[bold red]Does not fit[/] on {where}."
-    ray = "Ray needed" if layout.needs_ray else "Ray optional"
-    return (
-        f"[bold green]Fits[/] on {where}: TP={layout.tensor_parallel} x "
-        f"PP={layout.pipeline_parallel}, {plan.replicas} replica(s), {ray}."
-    )
+    return f"[bold {'green' if plan.fits else 'red'}]{plan.verdict}[/]"
 
 
 def _model_table(plan: Plan) -> Table:

@@ -132,7 +132,7 @@ def test_emit_writes_a_pasteable_fleet_entry(tmp_path):
     assert model.placement_strategy == "PACK"
 
 
-def test_emit_carries_online_fp8_and_single_node_packing(tmp_path):
+def test_emit_carries_online_fp8_and_reserves_the_replicas_gpu(tmp_path):
     out = tmp_path / "fleet.yaml"
     result = run_plan(
         str(FIXTURES / "llama-3.1-70b"),
@@ -151,8 +151,9 @@ def test_emit_carries_online_fp8_and_single_node_packing(tmp_path):
     entry = yaml.safe_load(out.read_text())["models"][0]
     assert entry["engine_args"]["quantization"] == "fp8"
     assert entry["engine_args"]["tensor_parallel_size"] == 1
-    assert entry["placement_strategy"] == "PACK"
-    assert entry["num_gpus"] == 0
+    # One actor per replica holding its GPU: no placement group, so no strategy.
+    assert "placement_strategy" not in entry
+    assert entry["num_gpus"] == 1
 
 
 @pytest.mark.parametrize(
