@@ -205,7 +205,8 @@ def gpu_shortfall(model: ModelConfig) -> str | None:
             f"num_gpus {model.num_gpus:g} is a fraction of a GPU but {shape} needs "
             f"{need} whole GPUs per node; set num_gpus: {need}"
         )
-    if model.num_gpus < need:
+    # One worker may share a GPU (num_gpus 0.5): only more than one needs whole GPUs.
+    if model.num_gpus < need and not (model.world_size == 1 and model.num_gpus > 0):
         return (
             f"engine_args need {need} GPU(s) per node ({shape}) but num_gpus reserves "
             f"{model.num_gpus:g}; set num_gpus: {need}"
