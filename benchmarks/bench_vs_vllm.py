@@ -103,13 +103,17 @@ def server_view(stats: dict[str, Any], num_prompts: int) -> dict[str, float]:
     }
 
 
+def truth_of(sim: SimulatorProcess, num_prompts: int) -> Callable[[], dict[str, float]]:
+    return lambda: server_view(sim.stats(), num_prompts)
+
+
 def median_of(results: list[dict[str, Any]], key: str, over_server: bool = False) -> float:
     """The median over runs of ``key``, or of its ratio to the server's view of each run."""
     if over_server:
         if key not in results[0]["server"]:
             return float("nan")
-        return statistics.median(r[key] / r["server"][key] for r in results)
-    return statistics.median(r[key] for r in results)
+        return float(statistics.median(r[key] / r["server"][key] for r in results))
+    return float(statistics.median(r[key] for r in results))
 
 
 def table(title: str, parts: dict[int, Runs], tolerance: float | None) -> tuple[str, bool]:
@@ -161,7 +165,7 @@ def simulator_part(args: argparse.Namespace, tokenizer: str, out_dir: Path) -> d
                 args.rounds,
                 out_dir,
                 before=sim.reset,
-                truth=lambda run=run: server_view(sim.stats(), run.num_prompts),
+                truth=truth_of(sim, run.num_prompts),
             )
     return parts
 
