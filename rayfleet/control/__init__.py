@@ -5,6 +5,7 @@
                     read the running fleet's status, stop it and what it left
     fleet.py        FleetProcess: Ray, Serve applications, the gateway, the run state
     replica.py      a Serve replica that runs one vLLM server and registers it
+    placement.py    what a replica asks Ray for, where it fits, the GPUs its server sees
     registry.py     FleetRegistry, the actor where replicas announce themselves
     engine.py       EngineProcess: one vLLM server as a child process
     engine_args.py  fleet.yaml engine_args as vLLM flags, checked by vLLM's parser
