@@ -34,9 +34,10 @@ def test_request_rate_sets_the_duration():
     with SimulatorThread() as sim:
         output = run_load(Target(sim.url, model="sim"), PROMPTS, LoadShape(request_rate=60.0))
     # 60 requests at 60 req/s: the last is due at 1.0 s (all at once would take ~0.05 s).
-    assert 0.95 <= output.duration_s <= 1.5
-    lags = sorted(r.start_s - r.scheduled_s for r in output.results)
-    assert lags[len(lags) // 2] < 0.05
+    # How late a busy machine sends them is for benchmarks/bench_client.py; never early is
+    # what holds on any machine.
+    assert output.duration_s >= 0.95
+    assert all(r.start_s >= r.scheduled_s - 1e-3 for r in output.results)
 
 
 def test_several_processes_split_the_schedule_and_merge_results():
@@ -52,7 +53,8 @@ def test_several_processes_split_the_schedule_and_merge_results():
     assert len(output.results) == 60 and all(r.ok for r in output.results)
     scheduled = [r.scheduled_s for r in output.results]
     assert scheduled == sorted(scheduled)
-    assert 0.45 <= output.duration_s <= 1.2  # the last request is due at 0.5 s
+    assert output.duration_s >= 0.45  # the last request is due at 0.5 s
+    assert all(r.start_s >= r.scheduled_s - 1e-3 for r in output.results)
     assert progress[-1].num_done == 60 and progress[-1].num_output_tokens == 240
     assert {r.replica for r in output.results} == {"a", "b"}
 
