@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,9 @@ from ray.serve import Application
 from rayfleet.config import ModelConfig
 from rayfleet.control.engine import EngineFailed, EngineProcess
 from rayfleet.control.placement import (
-    actor_resources,
     assigned_gpu_ids,
     gpu_env,
-    placement_bundles,
+    replica_demand,
 )
 
 log = logging.getLogger("rayfleet.replica")
@@ -48,7 +48,9 @@ GRACEFUL_SHUTDOWN_TIMEOUT_S = 30.0
 
 
 def deployment_options(model: ModelConfig) -> dict[str, Any]:
-    """Ray Serve options for the deployment that serves ``model``."""
+    """Ray Serve options for the deployment that serves ``model``: what ``replica_demand``
+    says a replica asks for, the same demand ``rayfleet up --dry-run`` prints."""
+    demand = replica_demand(model)
     options: dict[str, Any] = {
         "name": model.name,
         "num_replicas": model.replicas,
@@ -58,19 +60,21 @@ def deployment_options(model: ModelConfig) -> dict[str, Any]:
         "graceful_shutdown_wait_loop_s": 0.5,
         # A server that cannot start fails the same way every time: report it, do not loop.
         "max_constructor_retry_count": 2,
-        "ray_actor_options": _actor_options(actor_resources(model)),
+        # The actor sits in the first bundle; with a placement group the GPUs belong to
+        # the engine workers' bundles, not to it.
+        "ray_actor_options": _actor_options(demand.bundles[0]),
     }
-    bundles = placement_bundles(model)
-    if bundles is not None:
-        # The actor sits in the first bundle; the GPUs belong to the engine workers.
-        options["ray_actor_options"] = _actor_options({**bundles[0], "GPU": 0})
-        options["placement_group_bundles"] = bundles
-        options["placement_group_strategy"] = model.placement_strategy
+    if demand.strategy is not None:
+        options["placement_group_bundles"] = [dict(b) for b in demand.bundles]
+        options["placement_group_strategy"] = demand.strategy
     return options
 
 
-def _actor_options(resources: dict[str, float]) -> dict[str, Any]:
-    options: dict[str, Any] = {"num_cpus": resources["CPU"], "num_gpus": resources["GPU"]}
+def _actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "num_cpus": resources["CPU"],
+        "num_gpus": resources.get("GPU", 0),
+    }
     if "memory" in resources:
         options["memory"] = int(resources["memory"])
     return options

@@ -12,8 +12,9 @@ import psutil
 from rayfleet.config import parse_fleet
 from rayfleet.control.engine import server_argv
 from rayfleet.control.engine_args import engine_argv
+from rayfleet.control.placement import placement_bundles
 from rayfleet.control.registry import pick_core
-from rayfleet.control.replica import deployment_options, placement_bundles
+from rayfleet.control.replica import deployment_options
 
 
 def model(**fields):
