@@ -143,8 +143,9 @@ async def drive(
 
     async def dispatch(run_start_s: float) -> None:
         for prompt, offset_s in zip(prompts, offsets_s.tolist(), strict=True):
-            delay_s = run_start_s + offset_s - time.perf_counter()
-            if delay_s > 0:
+            # A loop, not one sleep: uvloop's timers count from the time its loop iteration
+            # began, so on a busy machine one sleep can wake before the request is due.
+            while (delay_s := run_start_s + offset_s - time.perf_counter()) > 0:
                 await asyncio.sleep(delay_s)
             tasks.append(asyncio.create_task(one(prompt, run_start_s + offset_s)))
         if tasks:
