@@ -4,6 +4,7 @@
                  load_fleet / parse_fleet / default_fleet; derived engine arguments
     gateway.py   GatewayConfig and its policies: limits, routes and rules, fallback
                  providers, priority classes, API keys, replica protection
+    routing.py   RoutingConfig: the replica policy of a model (models[].routing)
     messages.py  a validation error as one line: field path, reason, "did you mean"
     base.py      StrictModel, the base of every section (unknown keys are errors)
 
@@ -34,6 +35,7 @@ from rayfleet.config.gateway import (
     TimeWindow,
 )
 from rayfleet.config.messages import did_you_mean
+from rayfleet.config.routing import RoutingConfig
 
 __all__ = [
     "ApiKeyConfig",
@@ -48,6 +50,7 @@ __all__ = [
     "ProviderConfig",
     "ReplicaProtectionConfig",
     "RouteConfig",
+    "RoutingConfig",
     "RuleConfig",
     "TimeWindow",
     "default_fleet",

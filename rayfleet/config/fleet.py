@@ -51,6 +51,7 @@ from rayfleet.config.base import StrictModel
 from rayfleet.config.gateway import GatewayConfig
 from rayfleet.config.gpus import gpu_shortfall
 from rayfleet.config.messages import describe
+from rayfleet.config.routing import RoutingConfig
 from rayfleet.errors import ConfigError
 
 PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK"]
@@ -125,6 +126,9 @@ class ModelConfig(StrictModel):
     )
     env: dict[str, str] = Field(
         default_factory=dict, description="Extra environment variables for the vLLM server."
+    )
+    routing: RoutingConfig = Field(
+        default_factory=RoutingConfig, description="How the gateway picks a replica."
     )
 
     @field_validator("engine_args")

@@ -1,0 +1,101 @@
+"""How the gateway picks a replica of one model: ``models[].routing`` in fleet.yaml.
+
+    routing:
+      policy: prefix            # least_load (default) | round_robin | prefix | session
+      block_chars: 64           # prefix: characters per hashed block (about one KV block)
+      alpha: 1.0                # prefix: weight of a block to prefill against queued work
+      index_blocks: 16384       # prefix: blocks remembered per replica (LRU)
+      max_inflight: 64          # prefix: replicas with this many in flight are skipped
+      request_cost_blocks: 8    # prefix: one in-flight request's work, in blocks (else learned)
+      session_header: x-session-id   # session: the header that names a conversation
+      load_factor: 0.25         # session: a replica over (1 + load_factor) x mean passes it on
+
+Options apply to one policy each; setting one that the chosen policy does not read is an
+error naming both, so that a typo in ``policy`` does not silently drop the options.
+The gateway builds the policy from this (rayfleet/gateway/routing.py).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rayfleet.config.base import StrictModel
+
+RoutingPolicyName = Literal["least_load", "round_robin", "prefix", "session"]
+
+# Which policy reads each option; every other option applies to all.
+_OPTION_POLICY: dict[str, RoutingPolicyName] = {
+    "block_chars": "prefix",
+    "alpha": "prefix",
+    "index_blocks": "prefix",
+    "max_inflight": "prefix",
+    "request_cost_blocks": "prefix",
+    "session_header": "session",
+    "load_factor": "session",
+}
+
+
+class RoutingConfig(StrictModel):
+    """The replica policy of one model and its options."""
+
+    policy: RoutingPolicyName = Field(
+        default="least_load",
+        description="least_load: fewest in flight; round_robin: in turn; prefix: the replica "
+        "that holds the longest part of the prompt, weighed against its queued work; session: "
+        "a conversation (session_header) stays on one replica while its load is bounded.",
+    )
+    block_chars: int = Field(
+        default=64,
+        ge=8,
+        le=4096,
+        description="prefix: characters of prompt text per hashed block; 64 is about one "
+        "16-token KV block of vLLM at about 4 characters per token.",
+    )
+    alpha: float = Field(
+        default=1.0,
+        ge=0,
+        description="prefix: the cost of one block to prefill, in the units of queued work "
+        "(a block); 0 ignores the cache and routes on load alone.",
+    )
+    index_blocks: int = Field(
+        default=16384,
+        ge=1,
+        description="prefix: blocks remembered per replica, least recently used forgotten "
+        "first; set it to vLLM's num_gpu_blocks (cache_config_info) x block_size / 16.",
+    )
+    max_inflight: int | None = Field(
+        default=None,
+        ge=1,
+        description="prefix: a replica with this many requests in flight gets no more while "
+        "another has fewer (a hard limit; none by default).",
+    )
+    request_cost_blocks: float | None = Field(
+        default=None,
+        gt=0,
+        description="prefix: the work one in-flight request stands for, in blocks to prefill; "
+        "default: learned, the recent mean of blocks each request had to prefill.",
+    )
+    session_header: str = Field(
+        default="x-session-id",
+        min_length=1,
+        description="session: the request header naming the conversation.",
+    )
+    load_factor: float = Field(
+        default=0.25,
+        gt=0,
+        description="session: a replica with more than (1 + load_factor) x the mean load in "
+        "flight passes the conversation to the next replica on the hash ring.",
+    )
+
+    @model_validator(mode="after")
+    def _options_of_the_policy(self) -> RoutingConfig:
+        for option in sorted(self.model_fields_set):
+            owner = _OPTION_POLICY.get(option)
+            if owner is not None and owner != self.policy:
+                raise ValueError(
+                    f"{option} is an option of policy '{owner}', but policy is "
+                    f"'{self.policy}'; remove {option} or set policy: {owner}"
+                )
+        return self
