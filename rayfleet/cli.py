@@ -18,6 +18,7 @@ from rayfleet.errors import RayfleetError
 from rayfleet.gateway.command import app as keys_app
 from rayfleet.models.command import app as models_app
 from rayfleet.planner.command import plan
+from rayfleet.sim.command import app as sim_app
 
 app = typer.Typer(
     help="Plan, check, deploy, route and benchmark fleets of vLLM servers on Ray.",
@@ -33,6 +34,7 @@ app.command()(doctor)
 app.add_typer(models_app, name="models")
 app.add_typer(bench_app, name="bench")
 app.add_typer(keys_app, name="keys")
+app.add_typer(sim_app, name="sim")
 
 
 def main() -> None:
