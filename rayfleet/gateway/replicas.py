@@ -2,7 +2,9 @@
 
 ``ReplicaSet.update(entries)`` replaces the membership with what the registry
 reports (entries are dicts ``{"replica_id", "model", "url", "node_id", "node_ip",
-"pid"}``), keeping the replicas that stay, with their in-flight counts and flags.
+"pid"}``), keeping the replicas that stay (same url and pid), with their in-flight
+counts and flags; a restarted server (new pid) is a new ``Replica``, so policies that
+remember replicas (the prefix index) start it afresh.
 ``candidates(model, exclude)`` are the replicas a request may go to: healthy, not
 draining, not already tried; a ``ReplicaPolicy`` (replica_policy.py) picks among them.
 ``begin`` / ``end`` count a request in and out; ``failed`` takes a replica out of
@@ -31,6 +33,7 @@ class Replica:
     node_id: str = ""
     node_ip: str = ""
     pid: int = 0
+    ranks: tuple[dict[str, Any], ...] = ()  # each node of an engine that spans nodes
     num_inflight: int = 0
     num_consecutive_failures: int = 0
     cooldown_until: float = 0.0
@@ -47,6 +50,7 @@ class Replica:
             "node_id": self.node_id,
             "node_ip": self.node_ip,
             "pid": self.pid,
+            "ranks": list(self.ranks),
             "healthy": self.healthy(now),
             "draining": self.draining,
             "inflight": self.num_inflight,
@@ -71,7 +75,8 @@ class ReplicaSet:
             if entry["model"] not in self._by_model:
                 continue
             known = self._by_id.get(entry["replica_id"])
-            if known is not None and known.url == entry["url"]:
+            # Same url and pid: the same server; a restart (new pid) is a new replica.
+            if known is not None and (known.url, known.pid) == (entry["url"], entry.get("pid", 0)):
                 fresh[known.replica_id] = known
             else:
                 fresh[entry["replica_id"]] = Replica(
@@ -81,6 +86,7 @@ class ReplicaSet:
                     node_id=entry.get("node_id", ""),
                     node_ip=entry.get("node_ip", ""),
                     pid=entry.get("pid", 0),
+                    ranks=tuple(entry.get("ranks", ())),
                 )
         self._by_id = fresh
         by_model: dict[str, list[Replica]] = {m: [] for m in self.models}
