@@ -1,0 +1,121 @@
+"""``PrefixRouting``: the replica that already holds the prompt's prefix, unless its queue
+costs more than the prefill it saves.
+
+For each candidate the pick estimates the work the request would wait for there, in one
+unit: the time to prefill one block of the prompt (``block_chars`` characters, about one
+KV block)::
+
+    cost(replica) = alpha * uncached_blocks(replica) + num_inflight(replica) * request_cost
+
+``uncached_blocks`` is the prompt's whole blocks past the longest prefix the replica holds
+(prefix_index.py). ``request_cost`` is what one request in flight stands for, in the same
+unit: ``request_cost_blocks`` when configured, else learned as the recent mean of the
+blocks each routed request had left to prefill (at least one, which stands for its decode
+steps). So a replica holding a shared prefix keeps winning while the requests it has more
+than another cost less than the prefill it saves, and no longer: a dominant prefix spreads
+to a second replica as soon as the first one's extra queue outweighs it, with no fixed gap
+and no switch for the whole fleet. Replicas with ``max_inflight`` requests in flight are
+skipped while another has room. Ties go to a random one of the tied.
+
+The index learns on send: the chosen replica is recorded as holding every whole block of
+the prompt. A replica whose url or pid changed (a restart) is forgotten and starts empty;
+one that no candidate list has named for a minute is forgotten too.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+
+from rayfleet.config.routing import RoutingConfig
+from rayfleet.gateway.prefix_index import PrefixIndex, block_hashes, prompt_text
+from rayfleet.gateway.replica_policy import RequestInfo
+from rayfleet.gateway.replicas import Replica
+
+# What a pick reports: the replica chosen, the blocks it is predicted to hold, the blocks.
+PickObserver = Callable[[Replica, int, int], None]
+
+_COST_EWMA_WEIGHT = 1 / 64  # the learned request cost follows about the last 64 requests
+_MIN_REQUEST_COST = 1.0
+
+
+class PrefixRouting:
+    """A ``ReplicaPolicy`` weighing cached prefixes against queued work."""
+
+    name = "prefix"
+
+    def __init__(
+        self,
+        config: RoutingConfig = RoutingConfig(policy="prefix"),
+        *,
+        rng: random.Random | None = None,
+        observe: PickObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.block_chars = config.block_chars
+        self.alpha = config.alpha
+        self.max_inflight = config.max_inflight
+        self.fixed_cost = config.request_cost_blocks
+        self.index = PrefixIndex(config.index_blocks)
+        self.learned_cost = _MIN_REQUEST_COST
+        self._rng = rng or random.Random()
+        self._observe = observe
+        self._clock = clock
+
+    @property
+    def request_cost(self) -> float:
+        """What one request in flight weighs, in blocks to prefill."""
+        return self.fixed_cost if self.fixed_cost is not None else self.learned_cost
+
+    def pick(self, request: RequestInfo, replicas: Sequence[Replica]) -> Replica | None:
+        if not replicas:
+            return None
+        if self.max_inflight is not None:
+            roomy = [r for r in replicas if r.num_inflight < self.max_inflight]
+            replicas = roomy or replicas
+        hashes = block_hashes(prompt_text(request.path, request.body), self.block_chars)
+        now = self._clock()
+        index = self.index
+        slots = [index.slot_of(r, now) for r in replicas]
+        alive = 0
+        for slot in slots:
+            alive |= 1 << slot
+        matched = index.match(hashes, alive) if hashes else {}
+        chosen, slot, hit = self._cheapest(replicas, slots, matched, len(hashes))
+        if hashes:
+            index.record(slot, hashes)
+        self._learn(len(hashes) - hit)
+        index.sweep(now)
+        if self._observe is not None:
+            self._observe(chosen, hit, len(hashes))
+        return chosen
+
+    def _cheapest(
+        self,
+        replicas: Sequence[Replica],
+        slots: Sequence[int],
+        matched: dict[int, int],
+        num_blocks: int,
+    ) -> tuple[Replica, int, int]:
+        """The replica of least cost, its slot and the blocks it holds; ties at random."""
+        alpha = self.alpha
+        cost_each = self.request_cost
+        best = float("inf")
+        tied: list[int] = []
+        for i, replica in enumerate(replicas):
+            cost = alpha * (num_blocks - matched.get(slots[i], 0)) + replica.num_inflight * (
+                cost_each
+            )
+            if cost < best:
+                best = cost
+                tied = [i]
+            elif cost == best:
+                tied.append(i)
+        i = tied[0] if len(tied) == 1 else self._rng.choice(tied)
+        slot = slots[i]
+        return replicas[i], slot, matched.get(slot, 0)
+
+    def _learn(self, uncached_blocks: int) -> None:
+        cost = max(float(uncached_blocks), _MIN_REQUEST_COST)
+        self.learned_cost += (cost - self.learned_cost) * _COST_EWMA_WEIGHT
