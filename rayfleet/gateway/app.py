@@ -41,10 +41,10 @@ from aiohttp.typedefs import Middleware
 
 from rayfleet.gateway.dispatch import Dispatcher
 from rayfleet.gateway.errors import GATEWAY_REPLICA, REPLICA_HEADER, RequestError, openai_error
-from rayfleet.gateway.least_load import LeastLoad
 from rayfleet.gateway.metrics import GatewayMetrics
 from rayfleet.gateway.policies import Policies
 from rayfleet.gateway.replicas import Entry, ReplicaSet
+from rayfleet.gateway.routing import build_replica_policy
 from rayfleet.gateway.upstream import TimeLimits
 from rayfleet.gateway.validate import INPUT_FIELDS, parse_request
 
@@ -83,7 +83,10 @@ class Gateway:
             self.policies,
             self.metrics,
             TimeLimits(total_s=request_timeout_s, connect_s=connect_timeout_s),
-            {model: LeastLoad() for model in models},
+            {
+                m: build_replica_policy(self.policies.routing.get(m), model=m, metrics=self.metrics)
+                for m in models
+            },
             relay=relay,
         )
         self.source = source

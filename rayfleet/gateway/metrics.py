@@ -1,6 +1,12 @@
-"""Prometheus metrics of the gateway, in a registry of its own (no global state)."""
+"""Prometheus metrics of the gateway, in a registry of its own (no global state).
+
+Values read only when scraped (the prefix index's size) are set by the callables in
+``before_render``, so that the data path pays nothing for them.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -21,6 +27,7 @@ _LATENCY_BUCKETS_S = (
     120.0,
     300.0,
 )
+_PICK_BUCKETS_S = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 1e-2)
 
 
 class GatewayMetrics:
@@ -106,5 +113,36 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+        self.pick_latency = Histogram(
+            "rayfleet_replica_pick_seconds",
+            "Time the replica policy took to pick a replica, by model and policy.",
+            ["model", "policy"],
+            buckets=_PICK_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.prefix_index_blocks = Gauge(
+            "rayfleet_prefix_index_blocks",
+            "Prompt blocks the prefix policy remembers per replica (routing.index_blocks at most).",
+            ["model", "replica"],
+            registry=self.registry,
+        )
+        self.prefix_predicted_hit_blocks = Counter(
+            "rayfleet_prefix_predicted_hit_blocks_total",
+            "Prompt blocks the prefix policy predicted cached on the replica it picked "
+            "(a block is routing.block_chars characters, about 16 tokens at 64).",
+            ["model", "replica"],
+            registry=self.registry,
+        )
+        self.prefix_prompt_blocks = Counter(
+            "rayfleet_prefix_prompt_blocks_total",
+            "Whole prompt blocks of the requests the prefix policy sent to each replica; "
+            "predicted hit rate = predicted_hit_blocks / prompt_blocks.",
+            ["model", "replica"],
+            registry=self.registry,
+        )
+        self.before_render: list[Callable[[], None]] = []
+
     def render(self) -> bytes:
+        for refresh in self.before_render:
+            refresh()
         return generate_latest(self.registry)

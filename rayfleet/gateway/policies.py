@@ -1,7 +1,8 @@
 """Every gateway policy, compiled once from fleet.yaml, applied to each request once.
 
 ``Policies.from_fleet(config)`` builds the key table, limits per model, routes,
-fallback providers and priority classes. Per request the app calls
+fallback providers, priority classes and each model's routing (its replica policy,
+built by the app). Per request the app calls
 ``authenticate`` (before reading the body), then ``admit``, which returns an
 ``Admission`` saying where the request goes and with which body, or raises a
 ``RequestError``. The order follows DESIGN.md: auth, limits, route, context
@@ -35,7 +36,7 @@ from rayfleet.gateway.tokens import Prompt, TokenCounter, context_length, prompt
 from rayfleet.gateway.validate import ParsedRequest
 
 if TYPE_CHECKING:
-    from rayfleet.config import FleetConfig
+    from rayfleet.config import FleetConfig, RoutingConfig
 
 Clock = Callable[[], datetime]
 Headers = Mapping[str, str]
@@ -139,6 +140,7 @@ class Policies:
     counter: TokenCounter = field(default_factory=lambda: TokenCounter({}))
     max_consecutive_failures: int = 1
     cooldown_s: float = 5.0
+    routing: dict[str, RoutingConfig] = field(default_factory=dict)  # least_load if absent
 
     # -- building ----------------------------------------------------------------------
 
@@ -185,6 +187,7 @@ class Policies:
             counter=TokenCounter({m.name: m.source for m in fleet.models}),
             max_consecutive_failures=gw.replica_protection.max_consecutive_failures,
             cooldown_s=gw.replica_protection.cooldown_s,
+            routing={m.name: m.routing for m in fleet.models},
         )
         if clock is not None:
             policies.clock = clock

@@ -1,0 +1,103 @@
+"""The replica policy of a model, built from its ``routing`` section of fleet.yaml.
+
+    policy = build_replica_policy(config.routing, model="m", metrics=gateway_metrics)
+    replica = policy.pick(request_info, candidates)
+
+    least_load    LeastLoad (least_load.py), the default
+    round_robin   RoundRobin (round_robin.py)
+    prefix        PrefixRouting (prefix_routing.py, prefix_index.py)
+    session       SessionAffinity (session_affinity.py)
+
+With ``metrics``, the policy is wrapped so that every pick's duration goes to
+``rayfleet_replica_pick_seconds{model, policy}``; the prefix policy also counts the blocks
+it predicted cached and the blocks sent per replica, and its index size per replica is
+read when ``/metrics`` is scraped (``GatewayMetrics.before_render``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from prometheus_client import Counter
+
+from rayfleet.config.routing import RoutingConfig
+from rayfleet.gateway.least_load import LeastLoad
+from rayfleet.gateway.metrics import GatewayMetrics
+from rayfleet.gateway.prefix_routing import PickObserver, PrefixRouting
+from rayfleet.gateway.replica_policy import ReplicaPolicy, RequestInfo
+from rayfleet.gateway.replicas import Replica
+from rayfleet.gateway.round_robin import RoundRobin
+from rayfleet.gateway.session_affinity import SessionAffinity
+
+Refresh = Callable[[], None]
+
+
+def build_replica_policy(
+    config: RoutingConfig | None, *, model: str = "", metrics: GatewayMetrics | None = None
+) -> ReplicaPolicy:
+    """The policy ``config`` names (least load when None), observed in ``metrics``."""
+    config = config if config is not None else RoutingConfig()
+    policy: ReplicaPolicy
+    if config.policy == "round_robin":
+        policy = RoundRobin()
+    elif config.policy == "session":
+        policy = SessionAffinity(config)
+    elif config.policy == "prefix":
+        observe = _hit_counter(model, metrics) if metrics is not None else None
+        policy = prefix = PrefixRouting(config, observe=observe)
+        if metrics is not None:
+            metrics.before_render.append(_index_size_reader(prefix, model, metrics))
+    else:
+        policy = LeastLoad()
+    if metrics is None:
+        return policy
+    return TimedPolicy(policy, metrics, model, config.policy)
+
+
+class TimedPolicy:
+    """A policy whose picks are timed into ``rayfleet_replica_pick_seconds``."""
+
+    def __init__(self, policy: ReplicaPolicy, metrics: GatewayMetrics, model: str, name: str):
+        self.policy = policy
+        self._observe = metrics.pick_latency.labels(model, name).observe
+
+    def pick(self, request: RequestInfo, replicas: Sequence[Replica]) -> Replica | None:
+        started = time.perf_counter()
+        replica = self.policy.pick(request, replicas)
+        self._observe(time.perf_counter() - started)
+        return replica
+
+
+def _hit_counter(model: str, metrics: GatewayMetrics) -> PickObserver:
+    """Count each pick's predicted hit blocks and prompt blocks per replica."""
+    children: dict[str, tuple[Counter, Counter]] = {}
+
+    def observe(replica: Replica, hit_blocks: int, num_blocks: int) -> None:
+        pair = children.get(replica.replica_id)
+        if pair is None:
+            pair = children[replica.replica_id] = (
+                metrics.prefix_predicted_hit_blocks.labels(model, replica.replica_id),
+                metrics.prefix_prompt_blocks.labels(model, replica.replica_id),
+            )
+        pair[0].inc(hit_blocks)
+        pair[1].inc(num_blocks)
+
+    return observe
+
+
+def _index_size_reader(policy: PrefixRouting, model: str, metrics: GatewayMetrics) -> Refresh:
+    """Set the index size per replica when scraped; forgotten replicas drop out."""
+    shown: set[str] = set()
+    gauge = metrics.prefix_index_blocks
+
+    def refresh() -> None:
+        sizes = policy.index.num_blocks()
+        for replica_id in shown - sizes.keys():
+            gauge.remove(model, replica_id)
+        for replica_id, num_blocks in sizes.items():
+            gauge.labels(model, replica_id).set(num_blocks)
+        shown.clear()
+        shown.update(sizes)
+
+    return refresh
