@@ -114,6 +114,7 @@ def calibrate(
         step_s=fit.step_s,
         prefill_token_s=fit.prefill_token_s,
         decode_seq_s=fit.decode_seq_s,
+        request_overhead_s=fit.request_overhead_s,
         max_num_batched_tokens=max_num_batched_tokens,
         num_gpu_blocks=num_gpu_blocks,
     )

@@ -8,7 +8,8 @@ gateway's load and cache signals, dashboards) reads a simulated one unchanged. I
 ``vllm:generation_tokens``, ``vllm:request_success``, the
 ``vllm:time_to_first_token_seconds`` histogram, ``vllm:cache_config_info`` (labels
 ``block_size`` and ``num_gpu_blocks``, as vLLM publishes its CacheConfig) and
-``process_start_time_seconds``, which moves when the replica restarts. Rendered by hand:
+``process_start_time_seconds``, which moves when the replica restarts. Counters are written as
+prometheus_client writes them (``# TYPE name_total counter``, no ``_created``). Rendered by hand:
 64 replicas share one process, and one prometheus_client registry each would cost more
 than the text.
 """
@@ -54,9 +55,11 @@ def render_metrics(engine: Engine) -> str:
          stats.generation_tokens),
     )  # fmt: skip
     for name, doc, value in counters:
-        _family(lines, name, "counter", doc)
+        _family(lines, f"{name}_total", "counter", doc)
         lines.append(f"{name}_total{{{labels}}} {float(value)}")
-    _family(lines, "vllm:request_success", "counter", "Count of successfully processed requests.")
+    _family(
+        lines, "vllm:request_success_total", "counter", "Count of successfully processed requests."
+    )
     lines.append(
         f'vllm:request_success_total{{{labels},finished_reason="length"}} '
         f"{float(stats.num_finished)}"

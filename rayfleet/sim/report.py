@@ -11,7 +11,8 @@ def fit_table(fit: Fit) -> Table:
     table = Table(
         title=(
             f"step = {fit.step_s * 1e3:.3f} ms + {fit.prefill_token_s * 1e6:.3f} us/prefill token"
-            f" + {fit.decode_seq_s * 1e6:.1f} us/decode seq; "
+            f" + {fit.decode_seq_s * 1e6:.1f} us/decode seq; request overhead "
+            f"{fit.request_overhead_s * 1e3:.3f} ms; "
             f"mean abs relative error {fit.mean_abs_rel_error:.1%}"
         )
     )

@@ -115,6 +115,8 @@ class Replica:
             request, _ = self.make_request(body, is_chat)
         except (BadRequest, ValueError) as exc:
             return _error(str(exc))
+        if self.spec.request_overhead_s:
+            await asyncio.sleep(self.spec.request_overhead_s)
         self.engine.submit(request)
         chunks = Chunks(body.get("model") or self.spec.model, is_chat)
         finished = False

@@ -32,6 +32,8 @@ class EngineSpec:
     """b: seconds per prompt token computed in a step (cached tokens cost nothing)."""
     decode_seq_s: float = 1.0e-4
     """c: seconds per running sequence that decodes one token in a step."""
+    request_overhead_s: float = 0.0
+    """Once per request, before its first step: the frontend's work (HTTP, tokenizing)."""
     max_num_batched_tokens: int = 2048
     """Token budget of one step (decodes count one each, prefill chunks fill the rest)."""
     max_num_seqs: int = 256
@@ -44,7 +46,7 @@ class EngineSpec:
     """Output tokens when a request names no max_tokens (the simulator has no EOS)."""
 
     def __post_init__(self) -> None:
-        for name in ("step_s", "prefill_token_s", "decode_seq_s"):
+        for name in ("step_s", "prefill_token_s", "decode_seq_s", "request_overhead_s"):
             if getattr(self, name) < 0:
                 raise RayfleetError(f"sim spec: {name} must be >= 0, got {getattr(self, name)}")
         for name in ("max_num_seqs", "num_gpu_blocks", "block_size", "default_max_tokens"):
