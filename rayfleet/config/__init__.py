@@ -1,7 +1,10 @@
 """fleet.yaml, validated: one pydantic model per section, one-line errors.
 
-    fleet.py     FleetConfig (cluster, gateway, models), ModelConfig, ClusterConfig;
+    fleet.py     FleetConfig (cluster, gateway, models), ModelConfig;
                  load_fleet / parse_fleet / default_fleet; derived engine arguments
+    cluster.py   ClusterConfig: the Ray address, placement deadline
+    shape.py     whether a model's replica shape (executor, nodes, GPUs) holds its
+                 engine; gpus.py the GPU rule
     gateway.py   GatewayConfig and its policies: limits, routes and rules, fallback
                  providers, priority classes, API keys, replica protection
     routing.py   RoutingConfig: the replica policy of a model (models[].routing)
@@ -13,8 +16,8 @@ Ray or vLLM; the check of engine arguments against vLLM's parser is in
 rayfleet/control/engine_args.py.
 """
 
+from rayfleet.config.cluster import ClusterConfig
 from rayfleet.config.fleet import (
-    ClusterConfig,
     DerivedArg,
     FleetConfig,
     ModelConfig,

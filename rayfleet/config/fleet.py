@@ -2,6 +2,7 @@
 
     cluster:
       address: local              # local (embedded Ray) | auto | ray://head:10001
+      placement_timeout_s: 300    # fail `up` when a replica's nodes are not found by then
     gateway:                      # endpoint and policies: rayfleet/config/gateway.py
       host: 127.0.0.1
       port: 8000
@@ -16,7 +17,7 @@
         num_gpus: 0               # GPUs per replica per node; 0: vLLM's CPU build
         memory_gib: 8             # optional Ray memory reservation per replica
         accelerator: auto         # auto | gpu | cpu
-        placement_strategy: PACK  # PACK | SPREAD | STRICT_PACK (placement groups only)
+        nodes_per_replica: 1      # nodes one replica's engine spans (vLLM --nnodes)
 
 ``load_fleet(path)`` parses and validates a file; ``parse_fleet(data, origin)``
 validates an already-loaded mapping; ``default_fleet()`` is what ``rayfleet up``
@@ -24,11 +25,17 @@ serves without a file. Every problem is a ``ConfigError`` whose one-line message
 names the file, the field path, the reason and, for a misspelt key, the key it
 probably meant (rayfleet/config/messages.py).
 
-A GPU engine (``ModelConfig.gpu_engine``: num_gpus > 0, accelerator gpu, or Ray
-executor workers) must reserve what its engine arguments use on each node:
-``gpus_per_node_needed`` (TP x PP / ``nodes_per_replica``, computed once there) whole
-GPUs, else ``gpu_shortfall`` refuses it in one line with the fix. CPU engines are
-never refused for GPUs.
+A GPU engine (``ModelConfig.gpu_engine``: num_gpus > 0 or accelerator gpu) must
+reserve what its engine arguments use on each node: ``gpus_per_node_needed`` (TP x PP /
+``nodes_per_replica``, computed once there) whole GPUs, else ``gpu_shortfall`` refuses it
+in one line with the fix. CPU engines are never refused for GPUs.
+
+A replica spans ``nodes_per_replica`` nodes with vLLM's own multi-node launch (its
+multiprocessing executor, ``--nnodes``; rayfleet/control/ranks.py): TP x PP must divide
+evenly among them, and ``num_cpus``, ``num_gpus`` and ``memory_gib`` are per node.
+``distributed_executor_backend: ray`` is refused: its workers would be Ray actors of a
+second driver (the vLLM server process), outside the replica's placement group, asking
+for GPUs the replica already holds.
 
 Validation never changes what the user wrote. Values the fleet derives from the
 whole file are methods: ``FleetConfig.engine_args_for(model)`` is what a model's vLLM
@@ -48,40 +55,17 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from rayfleet.config.base import StrictModel
+from rayfleet.config.cluster import ClusterConfig
 from rayfleet.config.gateway import GatewayConfig
-from rayfleet.config.gpus import gpu_shortfall
 from rayfleet.config.messages import describe
 from rayfleet.config.routing import RoutingConfig
+from rayfleet.config.shape import shape_problem
 from rayfleet.errors import ConfigError
 
-PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK"]
 Accelerator = Literal["auto", "gpu", "cpu"]
 
 # Flags rayfleet sets itself for every replica; a user value would be silently lost.
 RESERVED_ENGINE_ARGS = {"model", "served_model_name", "host", "port"}
-
-
-class ClusterConfig(StrictModel):
-    """Which Ray cluster runs the fleet."""
-
-    address: str = Field(
-        default="local",
-        description="'local' starts an embedded Ray on this machine; 'auto' joins the Ray "
-        "cluster started with `ray start`; 'ray://host:10001' connects through Ray Client.",
-    )
-    num_cpus: int | None = Field(
-        default=None,
-        ge=1,
-        description="Logical CPUs of the embedded Ray (local only; default: enough "
-        "for every replica).",
-    )
-
-    @field_validator("address")
-    @classmethod
-    def _known_address(cls, value: str) -> str:
-        if value in ("local", "auto") or value.startswith("ray://") or ":" in value:
-            return value
-        raise ValueError(f"'{value}' is not 'local', 'auto', 'ray://host:port' or 'host:port'")
 
 
 class ModelConfig(StrictModel):
@@ -108,18 +92,20 @@ class ModelConfig(StrictModel):
     memory_gib: float | None = Field(
         default=None,
         gt=0,
-        description="Ray memory (GiB of host RAM) reserved per replica; none by default.",
+        description="Ray memory (GiB of host RAM) reserved per replica (per node); none by "
+        "default.",
     )
     accelerator: Accelerator = Field(
         default="auto",
         description="gpu: a GPU engine even with num_gpus 0 (then refused with the fix); cpu: "
-        "vLLM's CPU build; auto: a GPU engine when num_gpus > 0 or the engine's workers are "
-        "Ray actors (distributed_executor_backend: ray).",
+        "vLLM's CPU build; auto: a GPU engine when num_gpus > 0.",
     )
-    placement_strategy: PlacementStrategy = Field(
-        default="PACK",
-        description="How the bundles of a replica's placement group are placed (only models "
-        "whose engine workers are Ray actors have one).",
+    nodes_per_replica: int = Field(
+        default=1,
+        ge=1,
+        description="Nodes one replica's engine spans (vLLM's --nnodes): one placement group "
+        "bundle per node, each on a distinct node; num_cpus, num_gpus and memory_gib are per "
+        "node, and tensor x pipeline parallel size must divide evenly among the nodes.",
     )
     startup_timeout_s: float = Field(
         default=900.0, gt=0, description="Longest a replica may take to load its model."
@@ -143,30 +129,34 @@ class ModelConfig(StrictModel):
             )
         return normal
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_placement_strategy(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "placement_strategy" in data:
+            raise ValueError(
+                "placement_strategy is no longer a field: a replica that spans "
+                "nodes_per_replica nodes takes one bundle on each of that many distinct "
+                "nodes; remove placement_strategy"
+            )
+        return data
+
     @model_validator(mode="after")
-    def _gpus_cover_engine(self) -> ModelConfig:
-        problem = gpu_shortfall(self)
+    def _engine_fits_replica(self) -> ModelConfig:
+        problem = shape_problem(self)
         if problem:
             raise ValueError(problem)
         return self
-
-    @property
-    def uses_ray_executor(self) -> bool:
-        """The engine's workers are Ray actors: GPUs live in the replica's placement group."""
-        return self.engine_args.get("distributed_executor_backend") == "ray"
 
     @property
     def gpu_engine(self) -> bool:
         """Whether the replica's vLLM server runs on GPUs (the CPU build runs on none)."""
         if self.accelerator != "auto":
             return self.accelerator == "gpu"
-        return self.num_gpus > 0 or self.uses_ray_executor
+        return self.num_gpus > 0
 
     @property
-    def nodes_per_replica(self) -> int:
-        """Nodes one replica's vLLM server spans: one today (a Ray-executor engine's
-        workers are placed by its placement group, not by this count)."""
-        return 1
+    def spans_nodes(self) -> bool:
+        return self.nodes_per_replica > 1
 
     @property
     def gpus_per_node_needed(self) -> int:

@@ -1,7 +1,7 @@
 """Whether a model's replica reserves the GPUs its engine uses: one rule, one line.
 
 ``gpu_shortfall(model)`` is what ``ModelConfig``'s validator asks; it reads the model's
-``gpu_engine``, ``uses_ray_executor``, ``gpus_per_node_needed`` (TP x PP / nodes per
+``gpu_engine``, ``gpus_per_node_needed`` (TP x PP / nodes per
 replica, computed once on the model) and ``num_gpus``, and returns the reason with the fix,
 or None.
 """
@@ -17,15 +17,14 @@ if TYPE_CHECKING:
 def gpu_shortfall(model: ModelConfig) -> str | None:
     """Why ``model``'s replica cannot hold its GPU engine, in one line, or None.
 
-    CPU engines (vLLM's CPU build) reserve no GPU and are never refused; a Ray-executor
-    engine reserves one GPU bundle per worker in its placement group, which is enough.
+    CPU engines (vLLM's CPU build) reserve no GPU and are never refused.
     """
     if model.accelerator == "cpu" and model.num_gpus > 0:
         return (
             f"accelerator is cpu but num_gpus is {model.num_gpus:g}; "
             "set num_gpus: 0 for vLLM's CPU build, or accelerator: gpu"
         )
-    if not model.gpu_engine or model.uses_ray_executor:
+    if not model.gpu_engine:
         return None
     need = model.gpus_per_node_needed
     shape = (

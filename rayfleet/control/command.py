@@ -157,14 +157,17 @@ def _print_status(report: dict[str, Any]) -> None:
     for r in report.get("replicas", []):
         health = "[green]healthy[/]" if r["healthy"] else "[yellow]cooling down[/]"
         replicas.add_row(
-            r["replica_id"],
-            r["node_ip"] or r["node_id"][:12],
-            r["url"],
-            str(r["pid"]),
-            health,
-            str(r["inflight"]),
+            r["replica_id"], _node(r), r["url"], str(r["pid"]), health, str(r["inflight"])
         )
+        ranks = r.get("ranks", [])
+        for rank in ranks if len(ranks) > 1 else []:
+            replicas.add_row(f"  rank {rank['rank']}", _node(rank), "", str(rank["pid"]), "", "")
     out.print(replicas)
+
+
+def _node(where: dict[str, Any]) -> str:
+    """A node as its address and Ray node id (raylets may share an address)."""
+    return f"{where.get('node_ip', '')} ({where.get('node_id', '')[:8]})".strip()
 
 
 def down(

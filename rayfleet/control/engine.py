@@ -43,13 +43,14 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayfleet.control.engine_args import engine_argv
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+HEADLESS_MODULE = "rayfleet.control.headless"  # a rank of an engine that spans nodes
 _LOG_TAIL_BYTES = 4000
 
 if TYPE_CHECKING:
@@ -86,6 +87,11 @@ def server_argv(
         str(port),
         *engine_argv(engine_args),
     ]
+
+
+def headless_argv(model: str, engine_args: Mapping[str, Any]) -> list[str]:
+    """The command that starts a headless rank (no API server) of a multi-node engine."""
+    return [sys.executable, "-m", HEADLESS_MODULE, "--model", model, *engine_argv(engine_args)]
 
 
 def _engine_env(extra: Mapping[str, str] | None) -> dict[str, str]:
@@ -128,6 +134,7 @@ class EngineProcess:
         port: int | None = None,
         env: Mapping[str, str] | None = None,
         log_path: Path | None = None,
+        headless: bool = False,
     ):
         # '~' means the home of the node that runs the server.
         self.model = os.path.expanduser(model)
@@ -137,6 +144,7 @@ class EngineProcess:
         self.port = port
         self.env = dict(env or {})
         self.log_path = log_path
+        self.headless = headless  # a rank with no API server: no port, alive is healthy
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -148,13 +156,16 @@ class EngineProcess:
         return self.proc.pid if self.proc else None
 
     def start(self) -> EngineProcess:
-        if self.port is None:
-            self.port = free_port(self.host)
         if self.log_path is None:
             fd, name = tempfile.mkstemp(prefix=f"vllm-{self.served_name}-", suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
-        argv = server_argv(self.model, self.served_name, self.engine_args, self.host, self.port)
+        if self.headless:
+            argv = headless_argv(self.model, self.engine_args)
+        else:
+            if self.port is None:
+                self.port = free_port(self.host)
+            argv = server_argv(self.model, self.served_name, self.engine_args, self.host, self.port)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 argv,
@@ -171,16 +182,24 @@ class EngineProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def healthy(self, timeout_s: float = 5.0) -> bool:
-        """True when the process runs and ``GET /health`` answers 200."""
-        if not self.alive():
-            return False
+        """True when the process runs and ``GET /health`` answers 200 (a headless rank
+        has no endpoint: running is all it can say)."""
+        if not self.alive() or self.headless:
+            return self.alive()
         try:
             with urllib.request.urlopen(self.url + "/health", timeout=timeout_s) as resp:
                 return bool(resp.status == 200)
         except (urllib.error.URLError, OSError):
             return False
 
-    def wait_healthy(self, timeout_s: float = 600.0, poll_s: float = 0.5) -> None:
+    def wait_healthy(
+        self,
+        timeout_s: float = 600.0,
+        poll_s: float = 0.5,
+        also: Callable[[], str | None] | None = None,
+    ) -> None:
+        """Poll until healthy; EngineFailed with the log tail when the server exits, when
+        ``also()`` reports a failure (a rank of the same engine died), or at the deadline."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc is None or not self.alive():
@@ -189,6 +208,9 @@ class EngineProcess:
                     f"vLLM server for {self.served_name!r} exited with code {code} "
                     f"before it was healthy; last lines of {self.log_path}:\n{self.log_tail()}"
                 )
+            problem = also() if also is not None else None
+            if problem:
+                raise EngineFailed(f"vLLM server for {self.served_name!r}: {problem}")
             if self.healthy(timeout_s=2.0):
                 keep_scheduler_off_worker_cores(self.proc.pid)
                 return

@@ -46,7 +46,7 @@ def check_engine_args(fleet: FleetConfig) -> None:
 
     Raises ConfigError naming the model and the argument. Imports vLLM (seconds).
     """
-    parser = _vllm_server_parser()
+    parser = vllm_server_parser()
     known = sorted({a.dest for a in parser._actions if a.dest != "help"})
     for index, model in enumerate(fleet.models):
         engine_args = fleet.engine_args_for(model)
@@ -69,7 +69,8 @@ def check_engine_args(fleet: FleetConfig) -> None:
                 ) from None
 
 
-def _vllm_server_parser() -> argparse.ArgumentParser:
+def vllm_server_parser() -> argparse.ArgumentParser:
+    """vLLM's OpenAI server argument parser, wherever the release keeps it."""
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     try:

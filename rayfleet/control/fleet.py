@@ -6,12 +6,15 @@ it returns when the fleet has been stopped (SIGINT or SIGTERM) and everything it
 started is gone. It keeps the run-state file (rayfleet/control/state.py) current::
 
     connect_ray          embedded local Ray, or join 'auto' / 'ray://...'
+    refuse_unplaceable   a replica shape the cluster cannot hold even idle fails now
     deploy               Serve without its HTTP proxy (the gateway is the ingress),
                          the FleetRegistry, then every model's application at once,
                          each replica's vLLM started with config.engine_args_for(model)
     gateway              aiohttp on config.gateway.host:port, polling the registry
     wait_until_ready     progress per model until each has all its replicas, or a
-                         clear error when Serve reports a deployment failed
+                         clear error when Serve reports a deployment failed or Ray
+                         still holds a replica's placement group back at
+                         cluster.placement_timeout_s (rayfleet/control/scheduling.py)
     ... serve until a signal ...
     shutdown             gateway, Serve (replicas stop their vLLM servers), then any
                          vLLM process group still alive, then Ray
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from rayfleet._home import rayfleet_home
 from rayfleet.config import FleetConfig
 from rayfleet.control.engine import kill_process_group
+from rayfleet.control.scheduling import refuse_unplaceable, stalled_placement
 from rayfleet.control.state import RunState, clear_state
 from rayfleet.errors import RayfleetError
 
@@ -157,6 +161,7 @@ class FleetProcess:
             started_at=time.time(),
         )
         self.engine_pids: set[int] = set()
+        self.node_ip = ""  # this machine's address in the Ray cluster
         self.registry: ActorHandle[Any] | None = None  # keeps the registry actor alive
         from rayfleet.gateway.policies import Policies
 
@@ -182,8 +187,10 @@ class FleetProcess:
         try:
             self.say(f"starting Ray ({self.config.cluster.address})")
             await asyncio.to_thread(connect_ray, self.config)
+            self.node_ip = await asyncio.to_thread(_this_node_ip)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
+            await asyncio.to_thread(refuse_unplaceable, self.config)
             self.say(f"deploying {len(self.config.models)} model(s); vLLM logs in {self.log_dir}")
             self.registry = await asyncio.to_thread(deploy, self.config, self.log_dir)
             gateway = Gateway(
@@ -224,7 +231,14 @@ class FleetProcess:
 
     async def _entries(self) -> list[Entry]:
         entries = await registry_entries()
-        pids = {e["pid"] for e in entries if e.get("pid")}
+        # The vLLM processes of every rank on this machine: stopped at shutdown if Serve
+        # left any (a pid on another machine is not ours to signal).
+        pids = {
+            rank["pid"]
+            for e in entries
+            for rank in e.get("ranks") or [e]
+            if rank.get("pid") and rank.get("node_ip") == self.node_ip
+        }
         if not pids <= self.engine_pids:
             self.engine_pids |= pids
             self.state.engine_pids = sorted(self.engine_pids)
@@ -233,6 +247,7 @@ class FleetProcess:
 
     async def _wait_until_ready(self, gateway: Gateway) -> None:
         last = None
+        started = time.monotonic()
         while True:
             counts = {
                 m.name: (gateway.replica_set.num_healthy(m.name), m.replicas)
@@ -248,7 +263,18 @@ class FleetProcess:
             if failed:
                 name, message = next(iter(failed.items()))
                 raise RayfleetError(f"model '{name}' failed to deploy: {_last_lines(message)}")
+            waited_s = time.monotonic() - started
+            if waited_s > self.config.cluster.placement_timeout_s:
+                await self._refuse_stalled(counts, waited_s)
             await asyncio.sleep(1.0)
+
+    async def _refuse_stalled(self, counts: dict[str, tuple[int, int]], waited_s: float) -> None:
+        """Fail with the placement group's state when Ray still holds replicas back."""
+        for name, (have, want) in counts.items():
+            if have < want:
+                stalled = await asyncio.to_thread(stalled_placement, name, waited_s)
+                if stalled:
+                    raise RayfleetError(stalled)
 
     def _banner(self) -> None:
         url = self.state.gateway_url
@@ -273,6 +299,13 @@ class FleetProcess:
         for pid in sorted(self.engine_pids):
             kill_process_group(pid, grace_s=10)
         self.say("fleet stopped")
+
+
+def _this_node_ip() -> str:
+    import ray
+
+    address: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    return address
 
 
 def _last_lines(message: str, num_lines: int = 12) -> str:

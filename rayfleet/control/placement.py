@@ -10,18 +10,18 @@ Pure functions over the validated config (no Ray, except ``assigned_gpu_ids``)::
     assigned_gpu_ids()           -> [id]            inside a replica: the GPUs Ray gave it
 
 A replica is either one Ray actor (no placement group: its CPU, GPU and memory are one
-bundle on one node) or, when the engine's workers are Ray actors
-(``distributed_executor_backend: ray``), a placement group: a bundle for the replica
-actor and one ``{"GPU": 1}`` bundle per engine worker, placed with the model's
-``placement_strategy``. ``rayfleet up --dry-run`` prints both; with ``--address`` it
-fits them into the running cluster's free resources as Ray would (``fit_replicas``).
+bundle on one node) or, when it spans ``nodes_per_replica`` nodes, a placement group of
+one such bundle per node, STRICT_SPREAD (each on a distinct node). The replica actor
+(rank 0, vLLM's API server) takes the first bundle and one rank actor takes each of the
+others (rayfleet/control/ranks.py). ``rayfleet up --dry-run`` prints both; with
+``--address`` it fits them into the running cluster's free resources as Ray would
+(``fit_replicas``), and ``rayfleet up`` refuses a replica that cannot fit even an
+empty cluster (``unplaceable``).
 
 The fit is first-fit over the nodes in the order given, all-or-nothing per replica
-(Ray reserves a placement group atomically): STRICT_PACK and a plain actor need one node
-with room for everything; PACK takes one node when it can, else as few as it finds;
-SPREAD puts each bundle on a node the replica does not use yet when it can;
-STRICT_SPREAD needs a distinct node per bundle. It is a capacity check: Ray may choose
-other nodes of equal fit.
+(Ray reserves a placement group atomically): a plain actor needs one node with room for
+its bundle, a replica that spans nodes a distinct node with room for each of its
+bundles. It is a capacity check: Ray may choose other nodes of equal fit.
 """
 
 from __future__ import annotations
@@ -33,25 +33,27 @@ from rayfleet.config import ModelConfig
 
 Bundle = Mapping[str, float]
 GIB = 1024**3
+SPAN_STRATEGY = "STRICT_SPREAD"  # a replica's ranks, each on a node of its own
 _EPSILON = 1e-9
 
 
-def placement_bundles(model: ModelConfig) -> list[dict[str, float]] | None:
-    """One placement group per replica for models whose workers are Ray actors."""
-    if not model.uses_ray_executor:
-        return None
-    head: dict[str, float] = {"CPU": model.num_cpus} if model.num_cpus else {"CPU": 0.01}
-    if model.memory_gib:
-        head["memory"] = model.memory_gib * GIB
-    return [head] + [{"GPU": 1.0} for _ in range(model.world_size)]
-
-
-def actor_resources(model: ModelConfig) -> dict[str, float]:
-    """The replica actor's own reservation when it has no placement group."""
+def node_bundle(model: ModelConfig) -> dict[str, float]:
+    """What one replica takes on each of its nodes: CPU, GPU and memory."""
     resources = {"CPU": model.num_cpus, "GPU": model.num_gpus}
     if model.memory_gib:
         resources["memory"] = model.memory_gib * GIB
     return resources
+
+
+def placement_bundles(model: ModelConfig) -> list[dict[str, float]] | None:
+    """One bundle per node for a replica that spans nodes; None for a one-node replica.
+
+    A bundle may not be empty, so a node bundle with nothing in it keeps a sliver of CPU.
+    """
+    if not model.spans_nodes:
+        return None
+    bundle = {key: value for key, value in node_bundle(model).items() if value}
+    return [dict(bundle or {"CPU": 0.01}) for _ in range(model.nodes_per_replica)]
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,8 @@ class ReplicaDemand:
 def replica_demand(model: ModelConfig) -> ReplicaDemand:
     bundles = placement_bundles(model)
     if bundles is None:
-        return ReplicaDemand(model.name, (actor_resources(model),), None)
-    return ReplicaDemand(model.name, tuple(bundles), model.placement_strategy)
+        return ReplicaDemand(model.name, (node_bundle(model),), None)
+    return ReplicaDemand(model.name, tuple(bundles), SPAN_STRATEGY)
 
 
 def fleet_demands(models: Iterable[ModelConfig]) -> list[ReplicaDemand]:
@@ -90,26 +92,39 @@ def format_resources(bundle: Bundle) -> str:
     return ", ".join(parts) or "nothing"
 
 
-_STRATEGY_WORDS = {
-    "PACK": "packed onto as few nodes as possible",
-    "STRICT_PACK": "all on one node",
-    "SPREAD": "spread over distinct nodes where possible",
-    "STRICT_SPREAD": "each on a distinct node",
-}
+_STRATEGY_WORDS = {"STRICT_SPREAD": "each on a distinct node"}
 
 
 def describe_demand(demand: ReplicaDemand) -> str:
     """One replica's bundles and where they must go, as ``up --dry-run`` prints it."""
     if demand.strategy is None:
         return f"one actor on one node (no placement group): {format_resources(demand.bundles[0])}"
-    head, *workers = demand.bundles
     words = _STRATEGY_WORDS.get(demand.strategy, demand.strategy)
-    shown = f"[{format_resources(head)}] for the replica"
-    if workers:
-        shown += f" + {len(workers)} x [{format_resources(workers[0])}] for the engine workers"
     return (
-        f"a placement group ({demand.strategy}: {words}) of {len(demand.bundles)} bundles: {shown}"
+        f"a placement group ({demand.strategy}: {words}) of {len(demand.bundles)} bundles, "
+        f"one per rank: {len(demand.bundles)} x [{format_resources(demand.bundles[0])}]; "
+        "rank 0 runs the API server"
     )
+
+
+def unplaceable(
+    demands: Sequence[ReplicaDemand], nodes: Sequence[NodeResources]
+) -> ReplicaFit | None:
+    """The first replica that could not be placed even with every node empty, or None.
+
+    Checks each model's replica shape alone against the nodes' total resources: what
+    no amount of waiting makes fit (too few nodes, too small a node).
+    """
+    empty = [NodeResources(n.node_id, n.ip, n.total, dict(n.total)) for n in nodes]
+    seen: set[str] = set()
+    for demand in demands:
+        if demand.model in seen:
+            continue
+        seen.add(demand.model)
+        (fit,) = fit_replicas([demand], empty)
+        if not fit.placed:
+            return fit
+    return None
 
 
 @dataclass
@@ -168,54 +183,31 @@ def resources_by_node(demand: ReplicaDemand, fit: ReplicaFit) -> dict[str, dict[
 
 
 def _place(demand: ReplicaDemand, free: Mapping[str, Mapping[str, float]]) -> list[str] | None:
-    count = len(demand.bundles)
-    if demand.strategy in (None, "STRICT_PACK", "PACK"):
-        whole = _sum(demand.bundles)
-        node = next((n for n, res in free.items() if _fits(res, whole)), None)
-        if node is not None:
-            return [node] * count
-        if demand.strategy != "PACK":
-            return None
-    scratch = {n: dict(res) for n, res in free.items()}
+    """A node per bundle: the first with room, each a distinct node (STRICT_SPREAD)."""
     chosen: list[str] = []
     for bundle in demand.bundles:
-        node = _pick(bundle, scratch, chosen, demand.strategy)
+        node = next((n for n, res in free.items() if n not in chosen and _fits(res, bundle)), None)
         if node is None:
             return None
-        _take(scratch[node], bundle)
         chosen.append(node)
     return chosen
-
-
-def _pick(
-    bundle: Bundle, free: Mapping[str, Mapping[str, float]], used: list[str], strategy: str | None
-) -> str | None:
-    room = [n for n, res in free.items() if _fits(res, bundle)]
-    if strategy in ("SPREAD", "STRICT_SPREAD"):
-        fresh = [n for n in room if n not in used]
-        if fresh or strategy == "STRICT_SPREAD":
-            return fresh[0] if fresh else None
-    if strategy == "PACK":
-        # Fill the nodes this replica already uses before opening another one.
-        mine = [n for n in room if n in used]
-        if mine:
-            return mine[0]
-    return room[0] if room else None
 
 
 def _why_not(
     demand: ReplicaDemand, nodes: Sequence[NodeResources], free: Mapping[str, Mapping[str, float]]
 ) -> str:
-    if demand.strategy in (None, "STRICT_PACK"):
-        need = f"needs {format_resources(_sum(demand.bundles))} on one node"
+    shape = format_resources(demand.bundles[0])
+    if demand.strategy is None:
+        need = f"needs {shape} on one node"
     else:
-        need = f"needs {demand.gpus:g} GPU in {len(demand.bundles)} bundles ({demand.strategy})"
+        count = len(demand.bundles)
+        need = f"spans {count} nodes: needs {shape} on each of {count} distinct nodes"
     left = ", ".join(
         f"{n.label} {free[n.node_id].get('GPU', 0.0):g}/{n.total.get('GPU', 0.0):g} GPU "
         f"{free[n.node_id].get('CPU', 0.0):g} CPU"
         for n in nodes
     )
-    return f"{need}; free per node: {left or 'no nodes'}"
+    return f"{need}; free per node ({len(nodes)} nodes): {left or 'none'}"
 
 
 def _sum(bundles: Iterable[Bundle]) -> dict[str, float]:

@@ -8,8 +8,9 @@ returns the live entries: a replica whose heartbeats stopped for ``stale_after_s
 (its process was killed outright, its node died) drops out by itself.
 ``claim_core`` spreads the CPU engines of one node over its cores.
 
-An entry: ``{"replica_id", "model", "url", "node_id", "node_ip", "pid"}``, as the
-gateway's ``ReplicaSet.update`` reads it.
+An entry: ``{"replica_id", "model", "url", "node_id", "node_ip", "pid", "ranks"}``, as
+the gateway's ``ReplicaSet.update`` reads it; ``ranks`` lists ``{"rank", "node_id",
+"node_ip", "pid"}`` for each node the replica's engine runs on (rank 0 first).
 """
 
 from __future__ import annotations
@@ -33,18 +34,20 @@ class FleetRegistry:
         self.stale_after_s = stale_after_s
         self._entries: dict[str, Entry] = {}
         self._seen: dict[str, float] = {}
-        self._cores: dict[str, tuple[str, str, int]] = {}  # replica -> (node, model, core)
+        self._cores: dict[str, tuple[str, str, int]] = {}  # claim -> (machine, model, core)
 
-    def claim_core(self, node_id: str, replica_id: str, model: str, num_cores: int) -> int:
-        """The core of ``node_id`` with the fewest replicas, then fewest of ``model``.
+    def claim_core(self, machine: str, claim_id: str, model: str, num_cores: int) -> int:
+        """The core of ``machine`` (a node's address) with the fewest claims, then fewest of
+        ``model``; ``claim_id`` is a replica id, or ``<replica id>/rank<R>`` for a rank.
 
         vLLM's CPU backend pins its engine thread to core 0 of the node unless told
         otherwise, so without this every replica on a node would share one core.
-        Replicas of one model take the same traffic, so they are spread first.
+        Replicas of one model take the same traffic, so they are spread first. Claims
+        are per address, not per Ray node: raylets sharing one machine share its cores.
         """
-        self._cores.pop(replica_id, None)
-        core = pick_core(self._cores.values(), node_id, model, num_cores)
-        self._cores[replica_id] = (node_id, model, core)
+        self._cores.pop(claim_id, None)
+        core = pick_core(self._cores.values(), machine, model, num_cores)
+        self._cores[claim_id] = (machine, model, core)
         return core
 
     def register(self, entry: Entry) -> None:
@@ -61,7 +64,8 @@ class FleetRegistry:
     def deregister(self, replica_id: str) -> None:
         self._entries.pop(replica_id, None)
         self._seen.pop(replica_id, None)
-        self._cores.pop(replica_id, None)
+        for claim in [c for c in self._cores if c == replica_id or c.startswith(replica_id + "/")]:
+            del self._cores[claim]
 
     def entries(self) -> list[Entry]:
         cutoff = time.monotonic() - self.stale_after_s

@@ -8,14 +8,22 @@ Lifecycle of one replica (Ray Serve owns it: placement, restarts, scaling)::
                   until this returns; a server that fails to start fails the replica
                   with the tail of its log.
     check_health  called by Serve every HEALTH_CHECK_PERIOD_S: the server process must
-                  be alive and answer /health; then heartbeat the registry. A dead
-                  server deregisters and raises, so Serve replaces the replica.
-    __del__       deregister and stop the server (Serve calls it on graceful stop).
+                  be alive and answer /health, and every rank must run; then heartbeat
+                  the registry. A dead server or rank deregisters, stops the rest and
+                  raises, so Serve replaces the replica.
+    __del__       deregister and stop the server and its ranks (Serve calls it on
+                  graceful stop).
 
 Tokens never pass through this actor: the gateway talks to the vLLM server directly.
 
-What a replica reserves (its actor's CPU, GPU and memory, or for models whose engine
-workers are Ray actors a placement group) comes from rayfleet/control/placement.py;
+A replica that spans nodes (``nodes_per_replica`` > 1) is one placement group with a
+bundle per node: this actor is rank 0 (the API server) in the first bundle, and starts
+one headless rank per other bundle (rayfleet/control/ranks.py); ``check_health`` fails
+when any rank's process is gone, and Serve replaces the whole replica. The registry
+entry lists every rank's node and pid.
+
+What a replica reserves (its actor's CPU, GPU and memory, or a placement group for a
+replica that spans nodes) comes from rayfleet/control/placement.py;
 ``deployment_options`` turns it into Serve's options and is pure, so it can be checked
 without a GPU. The vLLM server sees exactly the GPUs Ray assigned to this replica
 (``CUDA_VISIBLE_DEVICES`` from ``placement.gpu_env``), never all of its node's.
@@ -24,7 +32,6 @@ without a GPU. The vLLM server sees exactly the GPUs Ray assigned to this replic
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,12 +40,9 @@ from ray import serve
 from ray.serve import Application
 
 from rayfleet.config import ModelConfig
-from rayfleet.control.engine import EngineFailed, EngineProcess
-from rayfleet.control.placement import (
-    assigned_gpu_ids,
-    gpu_env,
-    replica_demand,
-)
+from rayfleet.control.engine import EngineProcess
+from rayfleet.control.placement import replica_demand
+from rayfleet.control.ranks import SpanningRanks, engine_env
 
 log = logging.getLogger("rayfleet.replica")
 
@@ -60,8 +64,7 @@ def deployment_options(model: ModelConfig) -> dict[str, Any]:
         "graceful_shutdown_wait_loop_s": 0.5,
         # A server that cannot start fails the same way every time: report it, do not loop.
         "max_constructor_retry_count": 2,
-        # The actor sits in the first bundle; with a placement group the GPUs belong to
-        # the engine workers' bundles, not to it.
+        # The actor (rank 0) takes the whole first bundle; the ranks take the others.
         "ray_actor_options": _actor_options(demand.bundles[0]),
     }
     if demand.strategy is not None:
@@ -72,7 +75,7 @@ def deployment_options(model: ModelConfig) -> dict[str, Any]:
 
 def _actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
     options: dict[str, Any] = {
-        "num_cpus": resources["CPU"],
+        "num_cpus": resources.get("CPU", 0.0),
         "num_gpus": resources.get("GPU", 0),
     }
     if "memory" in resources:
@@ -101,6 +104,7 @@ class VLLMReplica:
         self.node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         # Any: Ray's handle types do not know FleetRegistry's methods.
         self.registry: Any = get_registry()
+        self.ranks: SpanningRanks | None = None
         self.engine = self._start_engine(advertise_host or self.node_ip, Path(log_dir))
         self.entry = {
             "replica_id": self.replica_id,
@@ -109,6 +113,7 @@ class VLLMReplica:
             "node_id": self.node_id,
             "node_ip": self.node_ip,
             "pid": self.engine.pid,
+            "ranks": self._rank_entries(),
         }
         ray.get(self.registry.register.remote(self.entry))
         log.info("replica %s serving %s at %s", self.replica_id, self.model.name, self.engine.url)
@@ -116,49 +121,60 @@ class VLLMReplica:
     def _start_engine(self, host: str, log_dir: Path) -> EngineProcess:
         log_dir.mkdir(parents=True, exist_ok=True)
         safe_id = self.replica_id.replace("#", "-").replace("/", "_")
+        engine_args = self.engine_args
+        if self.model.spans_nodes:
+            self.ranks = SpanningRanks(
+                self.model, self.engine_args, self.replica_id, self.node_ip, log_dir
+            )
+            engine_args = self.ranks.args_for(0)
         engine = EngineProcess(
             self.model.source,
             self.model.name,
-            self.engine_args,
+            engine_args,
             host=host,
-            env=self._engine_env(),
+            env=engine_env(self.model, self.registry, self.replica_id, self.node_ip),
             log_path=log_dir / f"{safe_id}.log",
         )
-        engine.start()
         try:
-            engine.wait_healthy(timeout_s=self.model.startup_timeout_s)
-        except EngineFailed:
-            engine.stop()
+            if self.ranks is not None:
+                self.ranks.start()
+            engine.start()
+            also = self.ranks.failure if self.ranks is not None else None
+            engine.wait_healthy(timeout_s=self.model.startup_timeout_s, also=also)
+        except Exception:
+            self._stop_all(engine)
             raise
         return engine
 
-    def _engine_env(self) -> dict[str, str]:
-        """The model's env, plus a core of its own for a CPU engine (GPU builds ignore it)
-        and, when Ray assigned this replica GPUs, exactly those as CUDA_VISIBLE_DEVICES."""
-        import ray
-
-        env = dict(self.model.env)
-        if "VLLM_CPU_OMP_THREADS_BIND" not in env:
-            cpus = sorted(os.sched_getaffinity(0))
-            index: int = ray.get(
-                self.registry.claim_core.remote(
-                    self.node_id, self.replica_id, self.model.name, len(cpus)
-                )
-            )
-            env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpus[index])
-        env.update(gpu_env(assigned_gpu_ids()))
-        return env
+    def _rank_entries(self) -> list[dict[str, Any]]:
+        rank0 = {"rank": 0, "node_id": self.node_id, "node_ip": self.node_ip}
+        rank0["pid"] = self.engine.pid
+        return self.ranks.describe(rank0) if self.ranks is not None else [rank0]
 
     def check_health(self) -> None:
-        if not self.engine.healthy(timeout_s=HEALTH_CHECK_TIMEOUT_S / 2):
+        problem = self._engine_problem()
+        if problem:
             self._deregister()
-            pid = self.engine.pid
-            alive = self.engine.alive()
-            self.engine.stop(grace_s=5)
-            state = "does not answer /health" if alive else "has exited"
-            raise RuntimeError(f"vLLM server of {self.replica_id} (pid {pid}) {state}")
+            self._stop_all(self.engine)
+            raise RuntimeError(f"vLLM server of {self.replica_id}: {problem}")
         if not _call(self.registry.heartbeat, self.replica_id):
             _call(self.registry.register, self.entry)
+
+    def _engine_problem(self) -> str | None:
+        """Why the replica cannot serve (its server or one of its ranks), or None."""
+        if not self.engine.healthy(timeout_s=HEALTH_CHECK_TIMEOUT_S / 3):
+            state = "does not answer /health" if self.engine.alive() else "has exited"
+            return f"rank 0 (pid {self.engine.pid}) {state}"
+        return self.ranks.failure() if self.ranks is not None else None
+
+    def _stop_all(self, engine: EngineProcess | None, grace_s: float = 5.0) -> None:
+        """Stop the server and every rank; the replica is one unit."""
+        try:
+            if self.ranks is not None:
+                self.ranks.stop()
+        finally:
+            if engine is not None:
+                engine.stop(grace_s=grace_s)
 
     def _deregister(self) -> None:
         _call(self.registry.deregister, self.replica_id)
@@ -167,9 +183,8 @@ class VLLMReplica:
         try:
             self._deregister()
         finally:
-            engine = getattr(self, "engine", None)
-            if engine is not None:
-                engine.stop()
+            if hasattr(self, "ranks"):
+                self._stop_all(getattr(self, "engine", None), grace_s=15.0)
 
 
 def _call(method: Any, *args: Any, timeout_s: float = 5.0) -> Any:

@@ -62,11 +62,11 @@ def fleet_needs(fleet: FleetConfig | None, nodes: Sequence[Node]) -> FleetNeeds:
 
 def _model_need(model: ModelConfig, max_node_gpus: float) -> ModelNeed:
     needs_gpus = model.gpu_engine
-    gpus_per_replica = max(model.num_gpus, model.world_size) if needs_gpus else 0
-    # CPU engines run TP/PP with vLLM's multiprocessing executor: always one node.
-    cross_node = (
-        needs_gpus
-        and model.world_size > 1
-        and (gpus_per_replica > max_node_gpus or model.placement_strategy == "SPREAD")
+    gpus_per_replica = (
+        max(model.num_gpus * model.nodes_per_replica, model.world_size) if needs_gpus else 0
+    )
+    # A replica crosses nodes when it says so, or when no node holds its GPUs.
+    cross_node = model.spans_nodes or (
+        needs_gpus and model.world_size > 1 and gpus_per_replica > max_node_gpus
     )
     return ModelNeed(model.name, model.source, needs_gpus, model.world_size, cross_node)

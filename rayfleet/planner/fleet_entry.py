@@ -11,9 +11,10 @@ the planned hardware:
 - ``source``: the model directory (or hub id) the config came from, not the config.json;
 - ``accelerator: gpu`` and ``num_gpus``: the GPUs each replica reserves on each of its
   nodes (TP x PP / nodes per replica), so Ray never packs two replicas onto one GPU;
-- ``num_cpus`` and ``memory_gib`` sized for a vLLM server (``server_cpus``, ``server_memory_gib``);
-- ``placement_strategy`` only where a placement group exists (the engine's workers are
-  Ray actors, for a replica that spans nodes);
+- ``nodes_per_replica`` when the replica spans nodes (vLLM's multi-node launch, one rank
+  per node; rayfleet/control/ranks.py);
+- ``num_cpus`` and ``memory_gib`` per node, sized for a vLLM server or rank
+  (``server_cpus``, ``server_memory_gib``);
 - a comment with the plan's verdict and the command that produced it.
 
 Engine arguments use vLLM's flag names with underscores.
@@ -55,8 +56,6 @@ def engine_args(plan: Plan) -> dict[str, Any]:
         args["dtype"] = plan.spec.dtype_override
     if plan.spec.online_quantization:
         args["quantization"] = plan.spec.online_quantization
-    if layout.needs_ray:
-        args["distributed_executor_backend"] = "ray"
     return args
 
 
@@ -79,20 +78,14 @@ def server_memory_gib(gpus: int) -> int:
 
 
 def resources(plan: Plan) -> dict[str, Any]:
-    """What one replica reserves from Ray."""
+    """What one replica reserves from Ray on each of its nodes, and how many nodes."""
     layout = plan.chosen
     assert layout is not None
-    if layout.needs_ray:
-        # The engine's workers are Ray actors holding one GPU bundle each in the replica's
-        # placement group; the replica actor runs the API server and the engine core.
-        return {
-            "num_gpus": 0,
-            "num_cpus": server_cpus(0),
-            "memory_gib": server_memory_gib(0),
-            "placement_strategy": "PACK",
-        }
     gpus = layout.gpus_per_replica // layout.nodes_per_replica
-    return {"num_gpus": gpus, "num_cpus": server_cpus(gpus), "memory_gib": server_memory_gib(gpus)}
+    shape = {"num_gpus": gpus, "num_cpus": server_cpus(gpus), "memory_gib": server_memory_gib(gpus)}
+    if layout.nodes_per_replica > 1:
+        shape["nodes_per_replica"] = layout.nodes_per_replica
+    return shape
 
 
 def fleet_entry(plan: Plan, name: str | None = None) -> dict[str, Any]:

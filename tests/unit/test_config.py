@@ -27,7 +27,7 @@ def fleet(**model) -> dict:
         ({"gateway": {"prot": 80}, **fleet()}, "gateway.prot: unknown field; did you mean 'port'?"),
         (fleet(replicas="two"), "models[0].replicas: Input should be a valid integer"),
         (fleet(replicas=0), "models[0].replicas: Input should be greater than or equal to 1"),
-        (fleet(placement_strategy="PAK"), "models[0].placement_strategy: Input should be 'PACK'"),
+        (fleet(nodes_per_replica=0), "models[0].nodes_per_replica: Input should be greater than"),
         ({"gateway": {"port": 70000}, **fleet()}, "gateway.port: Input should be less than"),
         ({"models": []}, "models: List should have at least 1 item"),
         ({"models": [{"name": "m"}]}, "models[0].source: required field is missing"),
@@ -65,7 +65,7 @@ def test_defaults_and_derived_sizes():
         fleet(engine_args={"tensor-parallel-size": 4, "pipeline_parallel_size": 2})
     )
     model = config.models[0]
-    assert (model.replicas, model.num_cpus, model.placement_strategy) == (1, 1.0, "PACK")
+    assert (model.replicas, model.num_cpus, model.nodes_per_replica) == (1, 1.0, 1)
     assert model.engine_args == {"tensor_parallel_size": 4, "pipeline_parallel_size": 2}
     assert model.world_size == 8
     assert config.gateway.port == 8000 and config.cluster.address == "local"

@@ -10,9 +10,11 @@ import time
 import psutil
 
 from rayfleet.config import parse_fleet
-from rayfleet.control.engine import server_argv
+from rayfleet.control.engine import headless_argv, server_argv
 from rayfleet.control.engine_args import engine_argv
+from rayfleet.control.headless import parse_headless_args
 from rayfleet.control.placement import placement_bundles
+from rayfleet.control.ranks import rank_engine_args, socket_ifname_problem
 from rayfleet.control.registry import pick_core
 from rayfleet.control.replica import deployment_options
 
@@ -68,27 +70,59 @@ def test_single_node_replica_has_no_placement_group():
     assert "placement_group_bundles" not in options
 
 
-def test_multi_node_replica_gets_one_placement_group_with_the_strategy():
+def test_multi_node_replica_gets_one_bundle_per_node_strictly_spread():
     m = model(
-        placement_strategy="SPREAD",
-        num_cpus=2,
-        engine_args={
-            "tensor_parallel_size": 8,
-            "pipeline_parallel_size": 2,
-            "distributed_executor_backend": "ray",
-        },
+        nodes_per_replica=2,
+        num_cpus=10,
+        num_gpus=8,
+        engine_args={"tensor_parallel_size": 8, "pipeline_parallel_size": 2},
     )
     bundles = placement_bundles(m)
-    assert bundles[0] == {"CPU": 2} and len(bundles) == 17
-    assert all(b == {"GPU": 1.0} for b in bundles[1:])
+    assert bundles == [{"CPU": 10, "GPU": 8}, {"CPU": 10, "GPU": 8}]
     options = deployment_options(m)
     assert options["placement_group_bundles"] == bundles
-    assert options["placement_group_strategy"] == "SPREAD"
-    # The replica actor holds no GPU itself: the engine workers own the 16 GPU bundles.
-    assert options["ray_actor_options"] == {"num_cpus": 2, "num_gpus": 0}
+    assert options["placement_group_strategy"] == "STRICT_SPREAD"
+    # The replica actor is rank 0: it takes the whole first bundle, its GPUs included.
+    assert options["ray_actor_options"] == {"num_cpus": 10, "num_gpus": 8}
 
 
-def test_deepseek_example_engine_args_reach_vllm_unchanged():
+def test_rank_engine_args_add_vllms_multi_node_flags():
+    args = rank_engine_args({"tensor_parallel_size": 2}, 2, 1, "10.0.0.1", 29500)
+    assert engine_argv(args) == [
+        "--tensor-parallel-size",
+        "2",
+        "--distributed-executor-backend",
+        "mp",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "10.0.0.1",
+        "--master-port",
+        "29500",
+    ]
+    assert headless_argv("/m", args)[1:5] == ["-m", "rayfleet.control.headless", "--model", "/m"]
+
+
+def test_headless_rank_parses_with_vllms_own_parser():
+    args = parse_headless_args(
+        ["--model", "/m", *engine_argv(rank_engine_args({"tensor_parallel_size": 2}, 2, 1, "a", 1))]
+    )
+    assert (args.headless, args.api_server_count, args.nnodes, args.node_rank) == (True, 0, 2, 1)
+    assert (args.master_addr, args.master_port, args.tensor_parallel_size) == ("a", 1, 2)
+
+
+def test_socket_interface_variables_are_checked_against_the_nodes_interfaces():
+    assert socket_ifname_problem({"NCCL_SOCKET_IFNAME": "eth"}, ["eth0", "lo"]) is None
+    problem = socket_ifname_problem({"GLOO_SOCKET_IFNAME": "ib0"}, ["eth0", "lo"])
+    assert problem == (
+        "GLOO_SOCKET_IFNAME=ib0 matches no interface on this node (eth0, lo); "
+        "set it in the model's env to one of them"
+    )
+
+
+def test_deepseek_example_spans_two_nodes_with_vllms_launch():
     from pathlib import Path
 
     from rayfleet.config import load_fleet
@@ -96,14 +130,10 @@ def test_deepseek_example_engine_args_reach_vllm_unchanged():
     config = load_fleet(Path(__file__).resolve().parents[2] / "examples/deepseek-v3-two-nodes.yaml")
     m = config.models[0]
     argv = engine_argv(m.engine_args)
-    for flag in (
-        "--tensor-parallel-size",
-        "--pipeline-parallel-size",
-        "--distributed-executor-backend",
-    ):
-        assert flag in argv
-    assert deployment_options(m)["placement_group_strategy"] == "PACK"
-    assert len(placement_bundles(m)) == 1 + 16
+    assert "--tensor-parallel-size" in argv and "--pipeline-parallel-size" in argv
+    assert "--distributed-executor-backend" not in argv
+    assert deployment_options(m)["placement_group_strategy"] == "STRICT_SPREAD"
+    assert placement_bundles(m) == [{"CPU": 10, "GPU": 8}] * 2
 
 
 def test_pick_core_spreads_replicas_and_models():

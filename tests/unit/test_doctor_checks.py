@@ -233,8 +233,9 @@ models:
     engine_args: {tensor_parallel_size: 2}
   - name: big
     source: org/big-model
-    engine_args: {tensor_parallel_size: 8, pipeline_parallel_size: 2,
-                  distributed_executor_backend: ray}
+    num_gpus: 8
+    nodes_per_replica: 2
+    engine_args: {tensor_parallel_size: 8, pipeline_parallel_size: 2}
 """,
         )
     )

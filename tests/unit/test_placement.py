@@ -15,6 +15,7 @@ from rayfleet.control.placement import (
     gpu_env,
     replica_demand,
     resources_by_node,
+    unplaceable,
 )
 from rayfleet.control.replica import deployment_options
 from rayfleet.errors import ConfigError
@@ -72,16 +73,35 @@ def test_cpu_engines_and_fractional_single_gpu_replicas_stay_valid():
         model(accelerator="cpu", num_gpus=1)
 
 
-def test_ray_executor_engines_hold_their_gpus_in_bundles():
-    m = model(
-        engine_args={
-            "tensor_parallel_size": 8,
-            "pipeline_parallel_size": 2,
-            "distributed_executor_backend": "ray",
-        }
-    )
-    assert m.gpu_engine and m.num_gpus == 0
-    assert replica_demand(m).gpus == 16
+def test_ray_executor_is_refused_pointing_at_the_default():
+    with pytest.raises(ConfigError) as info:
+        model(
+            num_gpus=2,
+            engine_args={"tensor_parallel_size": 2, "distributed_executor_backend": "ray"},
+        )
+    message = str(info.value)
+    assert "\n" not in message
+    assert "models[0]: engine_args.distributed_executor_backend 'ray' is not supported" in message
+    assert "remove it (vLLM's default multiprocessing executor)" in message
+
+
+def test_nodes_per_replica_must_divide_the_workers():
+    with pytest.raises(ConfigError, match=r"nodes_per_replica 4 does not divide .* = 2 workers"):
+        model(nodes_per_replica=4, engine_args={"tensor_parallel_size": 2})
+    with pytest.raises(ConfigError, match=r"engine_args.node_rank is set by rayfleet"):
+        model(nodes_per_replica=2, engine_args={"tensor_parallel_size": 2, "node_rank": 1})
+
+
+def test_gpus_are_counted_per_node_of_a_spanning_replica():
+    m = model(nodes_per_replica=2, num_gpus=8, engine_args={"tensor_parallel_size": 16})
+    assert m.gpus_per_node_needed == 8 and replica_demand(m).gpus == 16
+    with pytest.raises(ConfigError, match=r"need 8 GPU\(s\) per node .* reserves 4"):
+        model(nodes_per_replica=2, num_gpus=4, engine_args={"tensor_parallel_size": 16})
+
+
+def test_placement_strategy_is_gone_with_a_one_line_reason():
+    with pytest.raises(ConfigError, match="placement_strategy is no longer a field"):
+        model(placement_strategy="PACK")
 
 
 # -- what a replica asks Ray for
@@ -106,15 +126,11 @@ def test_cpu_replica_options_are_unchanged():
     }
 
 
-def test_ray_executor_replica_describes_its_placement_group():
-    m = model(
-        num_cpus=2,
-        placement_strategy="PACK",
-        engine_args={"tensor_parallel_size": 2, "distributed_executor_backend": "ray"},
-    )
+def test_spanning_replica_describes_its_placement_group():
+    m = model(num_cpus=2, nodes_per_replica=2, engine_args={"tensor_parallel_size": 2})
     assert describe_demand(replica_demand(m)) == (
-        "a placement group (PACK: packed onto as few nodes as possible) of 3 bundles: "
-        "[2 CPU] for the replica + 2 x [1 GPU] for the engine workers"
+        "a placement group (STRICT_SPREAD: each on a distinct node) of 2 bundles, one per "
+        "rank: 2 x [2 CPU]; rank 0 runs the API server"
     )
 
 
@@ -129,7 +145,7 @@ def test_one_node_replicas_fill_nodes_first_fit_and_never_share_a_gpu():
     last = fits[4]
     assert not last.placed
     assert last.reason == (
-        "needs 6 CPU, 4 GPU on one node; free per node: "
+        "needs 6 CPU, 4 GPU on one node; free per node (2 nodes): "
         "10.0.0.0 (00nnnnnn) 0/8 GPU 52 CPU, 10.0.0.1 (01nnnnnn) 0/8 GPU 52 CPU"
     )
 
@@ -144,44 +160,36 @@ def test_busy_gpus_count_against_the_fit():
     assert [f.nodes for f in fits] == [(cluster[1].node_id,), (cluster[1].node_id,)]
 
 
-def test_pack_spans_nodes_only_when_one_node_cannot_hold_the_group():
+def test_a_spanning_replica_takes_one_bundle_on_each_of_distinct_nodes():
     m = model(
-        num_cpus=2,
-        engine_args={
-            "tensor_parallel_size": 8,
-            "pipeline_parallel_size": 2,
-            "distributed_executor_backend": "ray",
-        },
+        num_cpus=10,
+        num_gpus=8,
+        nodes_per_replica=2,
+        engine_args={"tensor_parallel_size": 8, "pipeline_parallel_size": 2},
     )
-    cluster = nodes(2, 8)
-    (fit,) = fit_replicas([replica_demand(m)], cluster)
-    per_node = resources_by_node(replica_demand(m), fit)
-    assert per_node == {
-        cluster[0].node_id: {"CPU": 2, "GPU": 8},
-        cluster[1].node_id: {"GPU": 8},
+    cluster = nodes(3, 8)
+    first, second = fit_replicas(fleet_demands([m, m]), cluster)
+    assert first.nodes == (cluster[0].node_id, cluster[1].node_id)
+    assert resources_by_node(replica_demand(m), first) == {
+        cluster[0].node_id: {"CPU": 10, "GPU": 8},
+        cluster[1].node_id: {"CPU": 10, "GPU": 8},
     }
-    (one_node,) = fit_replicas([replica_demand(m)], nodes(1, 16))
-    assert set(one_node.nodes or ()) == {nodes(1, 16)[0].node_id}
-
-
-@pytest.mark.parametrize(("strategy", "used"), [("STRICT_PACK", 1), ("PACK", 1), ("SPREAD", 2)])
-def test_strategies_place_a_group_as_ray_would(strategy, used):
-    m = model(
-        placement_strategy=strategy,
-        engine_args={"tensor_parallel_size": 2, "distributed_executor_backend": "ray"},
+    assert not second.placed  # one node with 8 GPUs left: a second replica needs two
+    assert second.reason.startswith(
+        "spans 2 nodes: needs 10 CPU, 8 GPU on each of 2 distinct nodes; free per node (3 nodes):"
     )
-    (fit,) = fit_replicas([replica_demand(m)], nodes(2, 8))
-    assert len(set(fit.nodes or ())) == used
 
 
-def test_strict_pack_refuses_what_only_fits_across_nodes():
-    m = model(
-        placement_strategy="STRICT_PACK",
-        engine_args={"tensor_parallel_size": 8, "distributed_executor_backend": "ray"},
-    )
-    (fit,) = fit_replicas([replica_demand(m)], nodes(2, 4))
-    assert not fit.placed
-    assert fit.reason.startswith("needs 1 CPU, 8 GPU on one node; free per node:")
+def test_unplaceable_names_a_shape_no_idle_cluster_holds():
+    m = model(nodes_per_replica=2, engine_args={"tensor_parallel_size": 2})
+    busy = nodes(1, 0)
+    busy[0].available["CPU"] = 0
+    fit = unplaceable(fleet_demands([m]), busy)
+    assert fit is not None and fit.model == "m"
+    assert fit.reason.startswith("spans 2 nodes: needs 1 CPU on each of 2 distinct nodes")
+    assert unplaceable(fleet_demands([m]), nodes(2, 0)) is None
+    small = model(num_cpus=2)
+    assert unplaceable(fleet_demands([small]), busy) is None  # busy now, fits when idle
 
 
 # -- which GPUs the vLLM server sees

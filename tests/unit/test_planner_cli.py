@@ -128,8 +128,9 @@ def test_emit_writes_a_pasteable_fleet_entry(tmp_path):
     model = fleet.model("deepseek-v3")
     assert (model.tensor_parallel_size, model.pipeline_parallel_size) == (8, 2)
     assert model.engine_args["max_model_len"] == 32768
-    assert model.engine_args["distributed_executor_backend"] == "ray"
-    assert model.placement_strategy == "PACK"
+    assert "distributed_executor_backend" not in model.engine_args  # vLLM's own multi-node
+    assert (model.nodes_per_replica, model.num_gpus) == (2, 8)
+    assert model.gpus_per_node_needed == 8
 
 
 def test_emit_carries_online_fp8_and_reserves_the_replicas_gpu(tmp_path):
@@ -151,8 +152,8 @@ def test_emit_carries_online_fp8_and_reserves_the_replicas_gpu(tmp_path):
     entry = yaml.safe_load(out.read_text())["models"][0]
     assert entry["engine_args"]["quantization"] == "fp8"
     assert entry["engine_args"]["tensor_parallel_size"] == 1
-    # One actor per replica holding its GPU: no placement group, so no strategy.
-    assert "placement_strategy" not in entry
+    # One actor per replica holding its GPU, on one node.
+    assert "nodes_per_replica" not in entry
     assert entry["num_gpus"] == 1
 
 
