@@ -85,7 +85,8 @@ def request_body(target: Target, prompt: Prompt) -> dict[str, Any]:
         "stream_options": {"include_usage": True},
     }
     if target.is_chat:
-        body["messages"] = [{"role": "user", "content": prompt.text}]
+        history = prompt.messages or (("user", prompt.text),)
+        body["messages"] = [{"role": role, "content": content} for role, content in history]
         body["max_completion_tokens"] = prompt.num_output_tokens
     else:
         body["prompt"] = prompt.text

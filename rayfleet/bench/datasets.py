@@ -6,6 +6,8 @@ Four datasets:
   suffix (the prefix-cache case).
 - ``mixed``: mostly short prompts with a share of long ones (head-of-line blocking).
 - ``jsonl``: the user's own prompts, one JSON object a line.
+- ``shared-prefix``, ``chat``, ``zipf``, ``no-reuse``: cache-reuse workloads
+  (``bench.workloads``; shaped by ``WorkloadShape``; no tokenizer needed).
 
 Token counts are exact for the given tokenizer; the server's own count (from ``usage``)
 replaces them in the results when it reports one.
@@ -23,7 +25,8 @@ import numpy as np
 
 from rayfleet.errors import RayfleetError
 
-DATASET_NAMES = ("random", "prefix", "mixed", "jsonl")
+DATASET_NAMES = ("random", "prefix", "mixed", "jsonl", "shared-prefix", "chat", "zipf", "no-reuse")
+CACHE_WORKLOADS = ("shared-prefix", "chat", "zipf", "no-reuse")
 
 
 class Tokenizer(Protocol):
@@ -39,11 +42,28 @@ class Tokenizer(Protocol):
 
 @dataclass(frozen=True)
 class Prompt:
-    """One request to send: text, its length in tokens, and how many tokens to ask for."""
+    """One request to send: text, its length in tokens, and how many tokens to ask for;
+    ``messages`` (role, content) when it is a chat turn with history."""
 
     text: str
     num_input_tokens: int
     num_output_tokens: int
+    messages: tuple[tuple[str, str], ...] | None = None
+
+
+@dataclass(frozen=True)
+class WorkloadShape:
+    """The cache-reuse workloads' shape (flag names after SGLang's generated-shared-prefix)."""
+
+    num_groups: int = 64
+    prompts_per_group: int = 16
+    system_prompt_len: int = 2048
+    question_len: int = 128
+    output_len: int = 256
+    num_turns: int = 4
+    num_system_prompts: int = 4
+    zipf_exponent: float = 1.1
+    zipf_dominant_share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +82,7 @@ class DatasetSpec:
     mixed_long_fraction: float = 0.1
     dataset_path: Path | None = None
     seed: int = 0
+    workload: WorkloadShape = WorkloadShape()
 
 
 def load_tokenizer(name_or_path: str) -> Tokenizer:
@@ -84,6 +105,10 @@ def make_prompts(spec: DatasetSpec, tokenizer: Tokenizer | None) -> list[Prompt]
         raise RayfleetError("--num-prompts must be at least 1")
     if spec.name == "jsonl":
         return jsonl_prompts(spec, tokenizer)
+    if spec.name in CACHE_WORKLOADS:
+        from rayfleet.bench.workloads import make_workload
+
+        return make_workload(spec, tokenizer)
     if spec.name not in DATASET_NAMES:
         raise RayfleetError(
             f"--dataset-name {spec.name!r} is unknown; use one of {', '.join(DATASET_NAMES)}"

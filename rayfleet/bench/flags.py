@@ -10,7 +10,13 @@ from pathlib import Path
 
 from rayfleet.bench.benchmark import BenchConfig
 from rayfleet.bench.client import Target, first_model
-from rayfleet.bench.datasets import DatasetSpec, Tokenizer, load_tokenizer
+from rayfleet.bench.datasets import (
+    CACHE_WORKLOADS,
+    DatasetSpec,
+    Tokenizer,
+    WorkloadShape,
+    load_tokenizer,
+)
 from rayfleet.bench.load import LoadShape, check_shape
 from rayfleet.bench.metrics import parse_goodput
 from rayfleet.bench.options import (
@@ -24,7 +30,7 @@ from rayfleet.bench.options import (
 from rayfleet.bench.sweep import SweepPlan, parse_values
 from rayfleet.errors import RayfleetError
 
-SYNTHETIC_DATASETS = ("random", "prefix", "mixed")
+SYNTHETIC_DATASETS = ("random", "prefix", "mixed", *CACHE_WORKLOADS)
 
 
 @dataclass
@@ -93,9 +99,12 @@ def request_target(options: TargetOptions, base_url: str, model: str, dataset_na
     ignore_eos = options.ignore_eos
     if ignore_eos is None:
         ignore_eos = dataset_name in SYNTHETIC_DATASETS
+    endpoint = options.endpoint
+    if dataset_name == "chat" and endpoint == "/v1/completions":  # the default: chats are chats
+        endpoint = "/v1/chat/completions"
     return Target(
         base_url=base_url,
-        endpoint=options.endpoint,
+        endpoint=endpoint,
         model=options.served_model_name or model,
         ignore_eos=ignore_eos,
         request_timeout_s=options.request_timeout_s,
@@ -127,6 +136,17 @@ def dataset_spec(options: DatasetOptions) -> DatasetSpec:
         mixed_long_fraction=options.mixed_long_fraction,
         dataset_path=options.dataset_path,
         seed=options.seed,
+        workload=WorkloadShape(
+            num_groups=options.gsp_num_groups,
+            prompts_per_group=options.gsp_prompts_per_group,
+            system_prompt_len=options.gsp_system_prompt_len,
+            question_len=options.gsp_question_len,
+            output_len=options.gsp_output_len,
+            num_turns=options.chat_num_turns,
+            num_system_prompts=options.chat_num_system_prompts,
+            zipf_exponent=options.zipf_exponent,
+            zipf_dominant_share=options.zipf_dominant_share,
+        ),
     )
 
 

@@ -58,7 +58,13 @@ class DatasetOptions:
     """The prompts: which dataset, how many, how long."""
 
     PANEL: ClassVar[str] = "Dataset"
-    dataset_name: Annotated[str, typer.Option(help="random | prefix | mixed | jsonl.")] = "random"
+    dataset_name: Annotated[
+        str,
+        typer.Option(
+            help="random | prefix | mixed | jsonl, or a cache-reuse workload: shared-prefix | "
+            "chat | zipf | no-reuse (no tokenizer needed; chat sends chat messages)."
+        ),
+    ] = "random"
     dataset_path: Annotated[
         Path | None,
         typer.Option(
@@ -90,6 +96,31 @@ class DatasetOptions:
     mixed_long_fraction: Annotated[
         float, typer.Option(help="Share of long prompts (mixed dataset).")
     ] = 0.1
+    gsp_num_groups: Annotated[
+        int, typer.Option(help="Groups sharing a system prompt (chat: sessions).")
+    ] = 64
+    gsp_prompts_per_group: Annotated[
+        int, typer.Option(help="Prompts per group (shared-prefix).")
+    ] = 16
+    gsp_system_prompt_len: Annotated[
+        int, typer.Option(help="System prompt tokens (shared-prefix, chat, zipf, no-reuse).")
+    ] = 2048
+    gsp_question_len: Annotated[
+        int, typer.Option(help="Question (chat: user turn) tokens of the cache workloads.")
+    ] = 128
+    gsp_output_len: Annotated[
+        int, typer.Option(help="Output tokens of the cache workloads (chat: reply length).")
+    ] = 256
+    chat_num_turns: Annotated[int, typer.Option(help="Turns per chat session.")] = 4
+    chat_num_system_prompts: Annotated[
+        int, typer.Option(help="Distinct system prompts the chat sessions share.")
+    ] = 4
+    zipf_exponent: Annotated[
+        float, typer.Option(help="Group popularity ~ 1 / rank ** this (zipf).")
+    ] = 1.1
+    zipf_dominant_share: Annotated[
+        float, typer.Option(help="Share of zipf prompts sent to one dominant group.")
+    ] = 0.0
     seed: Annotated[int, typer.Option(help="Seed for prompts and arrivals.")] = 0
 
 
