@@ -3,35 +3,37 @@
     text = prompt_text(path, body)          # the prompt as the engine sees it, prefix-stable
     hashes = block_hashes(text, 64)         # one chained hash per whole block of 64 chars
     index = PrefixIndex(capacity_blocks=16384)
-    slot = index.slot_of(replica)           # a replica's place; a restarted one starts empty
-    matched = index.match(hashes, mask)     # {slot: blocks of the prompt's prefix it holds}
-    index.record(slot, hashes)              # learn on send
+    tables = index.tables_of(replicas, now) # each replica's blocks; a restarted one empty
+    held = held_prefix(tables[i], hashes)   # leading blocks of the prompt replica i holds
+    index.record(tables[i], hashes)         # learn on send
 
 The key. A chat's text is its tools (JSON, first, since a template puts them before the
 messages) and then each message's role and content in order, so turn k of a conversation
 is a prefix of turn k+1; a completion's is its prompt. Only whole blocks are hashed (vLLM
 caches whole KV blocks only; 64 characters is about one 16-token block at about 4
 characters per token), and block i's hash covers blocks 0..i (``hash((previous, block))``),
-so one lookup per block answers "does this replica hold the prefix up to here". The hashes
-are Python's ``hash``, salted per process: the index lives in one gateway process.
+so one lookup answers "does this replica hold the prompt up to block i". The hashes are
+Python's ``hash``, salted per process: the index lives in one gateway process.
 
-The index. Each replica has an LRU of the block hashes last sent to it, at most
-``capacity_blocks``; a second table maps each hash to a bit mask of the replicas holding
-it, so matching a prompt against every replica is one dictionary lookup per block (not
-per block and replica), stopping at the first block no candidate holds. A prompt is
-recorded last block first, so that its first blocks are the most recent and are evicted
-last, as vLLM frees the tail of a sequence before its head.
+The index is an LRU of block hashes per replica, at most ``capacity_blocks`` each. A
+prompt is recorded last block first, so its first blocks are the most recent and are
+evicted last (as vLLM frees the tail of a sequence before its head). Since block i of a
+chain is touched after block j > i every time, it is always the more recent: a replica's
+blocks of any prompt form a prefix, and ``held_prefix`` finds its length by binary search
+(one lookup for a replica without the first block, about log2(blocks) for one with it).
+A first version kept a table of hash -> bit mask of holders to match every replica in one
+pass; its extra dictionary, 100k entries at the benchmark's size, doubled the cache misses
+of recording and cost 50 us of a 120 us pick on the 2-core development machine.
 
-Memory: about 190 bytes per indexed block per replica on CPython 3.11 (an OrderedDict
-entry with its link, the hash object, and the mask table's share), so the default 16,384
-blocks are about 3 MB per replica and 64 replicas at the default about 200 MB at most.
-benchmarks/prefix_pick.py measures it.
+Memory: about 130 bytes per indexed block per replica on CPython 3.11 (an OrderedDict
+entry with its link and the hash's int), so the default 16,384 blocks are about 2 MB per
+replica and 128 MB for 64 replicas at most; benchmarks/prefix_pick.py measures it.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,76 +80,98 @@ def _chat_text(body: Mapping[str, Any]) -> str:
 
 def block_hashes(text: str, block_chars: int) -> list[int]:
     """One hash per whole block of ``text``, each covering every block before it too."""
-    hashes = []
     h = block_chars
-    for start in range(0, len(text) - block_chars + 1, block_chars):
-        h = hash((h, text[start : start + block_chars]))
-        hashes.append(h)
-    return hashes
+    ends = range(block_chars, len(text) + 1, block_chars)
+    return [h := hash((h, text[end - block_chars : end])) for end in ends]
+
+
+Blocks = dict[int, None]  # insertion-ordered: the least recently used first
+
+
+def held_by(tables: Sequence[Blocks], hashes: Sequence[int]) -> list[int]:
+    """For each table, how many leading blocks of ``hashes`` it holds."""
+    if not hashes:
+        return [0] * len(tables)
+    first = hashes[0]
+    held = []
+    guess = 1
+    for blocks in tables:
+        if first in blocks:
+            guess = held_prefix(blocks, hashes, guess)
+            held.append(guess)
+        else:
+            held.append(0)
+    return held
+
+
+def held_prefix(blocks: Blocks, hashes: Sequence[int], guess: int = 1) -> int:
+    """How many leading blocks of ``hashes`` are in ``blocks`` (prefix-closed), tried at
+    ``guess`` first: replicas that hold a shared prefix mostly hold the same length."""
+    if not hashes or hashes[0] not in blocks:
+        return 0
+    n = len(hashes)
+    guess = guess if 1 <= guess <= n else 1
+    if hashes[guess - 1] in blocks:
+        if guess == n or hashes[guess] not in blocks:
+            return guess
+        low, high = guess + 1, n  # the answer is in [low, high]
+    else:
+        low, high = 1, guess - 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        if hashes[mid - 1] in blocks:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 @dataclass
 class _Holder:
     """One replica's place in the index."""
 
-    slot: int
     replica: Replica
     url: str
     pid: int
     seen_at: float
-    blocks: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    blocks: Blocks = field(default_factory=dict)
 
 
 class PrefixIndex:
-    """Bounded per-replica LRUs of block hashes, with a mask table for matching."""
+    """Bounded LRUs of block hashes, one per replica."""
 
     def __init__(self, capacity_blocks: int):
         self.capacity_blocks = capacity_blocks
+        self._slack = capacity_blocks // 16
         self._holders: dict[str, _Holder] = {}  # by replica id
-        self._by_slot: dict[int, _Holder] = {}
-        self._masks: dict[int, int] = {}  # block hash -> bit mask of the slots holding it
-        self._free_slots: list[int] = []
-        self._next_slot = 0
         self._swept_at = 0.0
 
     # -- membership -------------------------------------------------------------------
 
-    def slot_of(self, replica: Replica, now: float) -> int:
-        """``replica``'s slot; a replica whose url or pid changed is forgotten first."""
-        holder = self._holders.get(replica.replica_id)
-        if holder is not None and holder.replica is not replica:
-            if holder.url != replica.url or holder.pid != replica.pid:
-                self.forget(replica.replica_id)
-                holder = None
-            else:
-                holder.replica = replica
-        if holder is None:
-            slot = self._free_slots.pop() if self._free_slots else self._take_slot()
-            holder = _Holder(slot, replica, replica.url, replica.pid, now)
-            self._holders[replica.replica_id] = holder
-            self._by_slot[slot] = holder
-        holder.seen_at = now
-        return holder.slot
+    def tables_of(self, replicas: Sequence[Replica], now: float) -> list[Blocks]:
+        """Each replica's block table, in order; a replica first seen, or whose url or pid
+        changed (a restart), gets an empty one."""
+        holders = self._holders
+        tables = []
+        for replica in replicas:
+            holder = holders.get(replica.replica_id)
+            if holder is None or holder.replica is not replica:
+                holder = self._admit(replica, holder)
+            holder.seen_at = now
+            tables.append(holder.blocks)
+        return tables
 
-    def _take_slot(self) -> int:
-        self._next_slot += 1
-        return self._next_slot - 1
+    def _admit(self, replica: Replica, known: _Holder | None) -> _Holder:
+        if known is not None and (known.url, known.pid) == (replica.url, replica.pid):
+            known.replica = replica  # the same server, in a Replica object of its own
+            return known
+        holder = _Holder(replica, replica.url, replica.pid, 0.0)
+        self._holders[replica.replica_id] = holder
+        return holder
 
     def forget(self, replica_id: str) -> None:
         """Drop everything known of a replica (it left or restarted)."""
-        holder = self._holders.pop(replica_id, None)
-        if holder is None:
-            return
-        del self._by_slot[holder.slot]
-        keep = ~(1 << holder.slot)
-        masks = self._masks
-        for h in holder.blocks:
-            mask = masks[h] & keep
-            if mask:
-                masks[h] = mask
-            else:
-                del masks[h]
-        self._free_slots.append(holder.slot)
+        self._holders.pop(replica_id, None)
 
     def sweep(self, now: float) -> None:
         """Forget replicas no candidate list has named for a while (at most once a second)."""
@@ -158,48 +182,19 @@ class PrefixIndex:
         for replica_id in gone:
             self.forget(replica_id)
 
-    # -- matching and learning --------------------------------------------------------
+    # -- learning ---------------------------------------------------------------------
 
-    def match(self, hashes: Sequence[int], alive: int) -> dict[int, int]:
-        """For each slot in the mask ``alive``, how many leading blocks of ``hashes`` it
-        holds; slots holding none are left out."""
-        matched: dict[int, int] = {}
-        masks = self._masks
-        count = 0
-        for h in hashes:
-            holders = masks.get(h, 0) & alive
-            dropped = alive ^ holders
-            if dropped:
-                if count:
-                    _assign(matched, dropped, count)
-                alive = holders
-                if not alive:
-                    return matched
-            count += 1
-        if count:
-            _assign(matched, alive, count)
-        return matched
-
-    def record(self, slot: int, hashes: Sequence[int]) -> None:
-        """Learn that the replica in ``slot`` now holds every block of ``hashes``."""
-        holder = self._by_slot[slot]
-        blocks = holder.blocks
-        masks = self._masks
-        bit = 1 << slot
+    def record(self, blocks: Blocks, hashes: Sequence[int]) -> None:
+        """Learn that the replica of ``blocks`` now holds every block of ``hashes``; the
+        least recently used go, a slack of 1/16 of the capacity at a time."""
         for h in reversed(hashes):
             if h in blocks:
-                blocks.move_to_end(h)
-            else:
-                blocks[h] = None
-                masks[h] = masks.get(h, 0) | bit
-        keep = ~bit
-        while len(blocks) > self.capacity_blocks:
-            old, _ = blocks.popitem(last=False)
-            mask = masks[old] & keep
-            if mask:
-                masks[old] = mask
-            else:
-                del masks[old]
+                del blocks[h]  # to the end: the most recent
+            blocks[h] = None
+        excess = len(blocks) - self.capacity_blocks
+        if excess > self._slack:
+            for old in list(itertools.islice(blocks, excess)):
+                del blocks[old]
 
     # -- what it holds ----------------------------------------------------------------
 
@@ -210,10 +205,3 @@ class PrefixIndex:
     @property
     def num_replicas(self) -> int:
         return len(self._holders)
-
-
-def _assign(matched: dict[int, int], slots: int, count: int) -> None:
-    while slots:
-        low = slots & -slots
-        matched[low.bit_length() - 1] = count
-        slots ^= low

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from rayfleet.config.routing import RoutingConfig
-from rayfleet.gateway.prefix_index import PrefixIndex, block_hashes, prompt_text
+from rayfleet.gateway.prefix_index import PrefixIndex, block_hashes, held_by, prompt_text
 from rayfleet.gateway.replica_policy import RequestInfo
 from rayfleet.gateway.replicas import Replica
 
@@ -76,45 +76,27 @@ class PrefixRouting:
             replicas = roomy or replicas
         hashes = block_hashes(prompt_text(request.path, request.body), self.block_chars)
         now = self._clock()
-        index = self.index
-        slots = [index.slot_of(r, now) for r in replicas]
-        alive = 0
-        for slot in slots:
-            alive |= 1 << slot
-        matched = index.match(hashes, alive) if hashes else {}
-        chosen, slot, hit = self._cheapest(replicas, slots, matched, len(hashes))
-        if hashes:
-            index.record(slot, hashes)
-        self._learn(len(hashes) - hit)
-        index.sweep(now)
+        tables = self.index.tables_of(replicas, now)
+        held = held_by(tables, hashes)
+        i = self._cheapest(replicas, held, len(hashes))
+        self.index.record(tables[i], hashes)
+        self._learn(len(hashes) - held[i])
+        self.index.sweep(now)
         if self._observe is not None:
-            self._observe(chosen, hit, len(hashes))
-        return chosen
+            self._observe(replicas[i], held[i], len(hashes))
+        return replicas[i]
 
-    def _cheapest(
-        self,
-        replicas: Sequence[Replica],
-        slots: Sequence[int],
-        matched: dict[int, int],
-        num_blocks: int,
-    ) -> tuple[Replica, int, int]:
-        """The replica of least cost, its slot and the blocks it holds; ties at random."""
+    def _cheapest(self, replicas: Sequence[Replica], held: Sequence[int], num_blocks: int) -> int:
+        """The position of the replica of least cost; ties at random."""
         alpha = self.alpha
         cost_each = self.request_cost
-        best = float("inf")
-        tied: list[int] = []
-        for i, replica in enumerate(replicas):
-            cost = alpha * (num_blocks - matched.get(slots[i], 0)) + replica.num_inflight * (
-                cost_each
-            )
-            if cost < best:
-                best = cost
-                tied = [i]
-            elif cost == best:
-                tied.append(i)
-        i = tied[0] if len(tied) == 1 else self._rng.choice(tied)
-        slot = slots[i]
-        return replicas[i], slot, matched.get(slot, 0)
+        costs = [
+            alpha * (num_blocks - num_held) + replica.num_inflight * cost_each
+            for replica, num_held in zip(replicas, held, strict=True)
+        ]
+        best = min(costs)
+        tied = [i for i, cost in enumerate(costs) if cost == best]
+        return tied[0] if len(tied) == 1 else self._rng.choice(tied)
 
     def _learn(self, uncached_blocks: int) -> None:
         cost = max(float(uncached_blocks), _MIN_REQUEST_COST)
