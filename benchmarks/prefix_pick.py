@@ -1,0 +1,130 @@
+"""What one pick of the prefix policy costs, beside least load's, at fleet scale.
+
+    .venv/bin/python benchmarks/prefix_pick.py [--replicas 64] [--indexed-blocks 100000]
+                                               [--prompt-chars 8192] [--picks 5000]
+
+The index is filled with ``--indexed-blocks`` blocks spread over ``--replicas`` replicas
+(distinct 8 KB conversations, a few of them sharing system prompts), each replica's LRU
+sized to hold its share so that every pick's learning evicts as in steady state. Then
+each timed pick places a chat request of ``--prompt-chars`` characters (a 2,048-token
+prompt is about 8 KB): a shared system prompt that some replicas hold and a fresh
+question, with random counts in flight. Timed is ``PrefixRouting.pick`` whole: the key
+text, the chained block hashes, matching, the choice and recording the blocks on the
+chosen replica. Prints p50 and p99 in microseconds for prefix and least load and their
+ratio, and the index's memory per block (tracemalloc while filling). Goal: p99 < 100 us.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable, Sequence
+
+from rayfleet.config.routing import RoutingConfig
+from rayfleet.gateway.least_load import LeastLoad
+from rayfleet.gateway.prefix_routing import PrefixRouting
+from rayfleet.gateway.replica_policy import RequestInfo
+from rayfleet.gateway.replicas import Replica
+
+CHAT = "/v1/chat/completions"
+
+
+def text_of(rng: random.Random, num_chars: int) -> str:
+    words = [f"w{rng.randrange(100_000)}" for _ in range(num_chars // 6 + 1)]
+    return " ".join(words)[:num_chars]
+
+
+def chat(system: str, question: str) -> RequestInfo:
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": question},
+        ],
+    }
+    return RequestInfo(CHAT, "m", body, {})
+
+
+def fill(policy: PrefixRouting, replicas: Sequence[Replica], systems: Sequence[str], args) -> None:
+    """Send distinct conversations until the index holds about ``indexed_blocks``."""
+    rng = random.Random(1)
+    half = args.prompt_chars // 2
+    while sum(policy.index.num_blocks().values()) < args.indexed_blocks:
+        replica = rng.choice(replicas)
+        request = chat(rng.choice(systems), text_of(rng, half))
+        policy.pick(request, [replica])
+
+
+def percentiles_us(samples_ns: list[int]) -> tuple[float, float]:
+    cuts = statistics.quantiles(samples_ns, n=100)
+    return cuts[49] / 1000, cuts[98] / 1000
+
+
+def time_picks(
+    pick: Callable[[RequestInfo, Sequence[Replica]], Replica | None],
+    requests: Sequence[RequestInfo],
+    replicas: Sequence[Replica],
+    rng: random.Random,
+) -> list[int]:
+    samples = []
+    for request in requests:
+        for replica in replicas:
+            replica.num_inflight = rng.randrange(8)
+        started = time.perf_counter_ns()
+        pick(request, replicas)
+        samples.append(time.perf_counter_ns() - started)
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--replicas", type=int, default=64)
+    parser.add_argument("--indexed-blocks", type=int, default=100_000)
+    parser.add_argument("--prompt-chars", type=int, default=8192)
+    parser.add_argument("--picks", type=int, default=5000)
+    args = parser.parse_args()
+
+    rng = random.Random(0)
+    replicas = [Replica(f"r{i}", "m", f"http://10.0.0.{i}:8000", pid=i) for i in range(64)]
+    replicas = replicas[: args.replicas]
+    per_replica = args.indexed_blocks // args.replicas + 1
+    config = RoutingConfig(policy="prefix", index_blocks=per_replica)
+    policy = PrefixRouting(config, rng=random.Random(0))
+    systems = [text_of(rng, args.prompt_chars // 2) for _ in range(16)]
+
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    fill(policy, replicas, systems, args)
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    indexed = sum(policy.index.num_blocks().values())
+
+    half = args.prompt_chars // 2
+    requests = [chat(rng.choice(systems), text_of(rng, half)) for _ in range(args.picks)]
+    gc.collect()
+    prefix_ns = time_picks(policy.pick, requests, replicas, random.Random(2))
+    least_ns = time_picks(LeastLoad().pick, requests, replicas, random.Random(2))
+    p50, p99 = percentiles_us(prefix_ns)
+    l50, l99 = percentiles_us(least_ns)
+    blocks = (
+        len(requests[0].body["messages"][0]["content"] + requests[0].body["messages"][1]["content"])
+        // config.block_chars
+    )
+    print(
+        f"{args.replicas} replicas, {indexed} blocks indexed "
+        f"({(after - before) / indexed:.0f} bytes per block), "
+        f"prompt {args.prompt_chars} chars = about {blocks} blocks, {args.picks} picks"
+    )
+    print(f"{'policy':<12}{'p50 us':>10}{'p99 us':>10}")
+    print(f"{'prefix':<12}{p50:>10.1f}{p99:>10.1f}")
+    print(f"{'least_load':<12}{l50:>10.1f}{l99:>10.1f}")
+    print(f"{'ratio':<12}{p50 / l50:>10.1f}{p99 / l99:>10.1f}")
+    print(f"goal p99 < 100 us: {'met' if p99 < 100 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
