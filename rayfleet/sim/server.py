@@ -8,9 +8,11 @@ one SSE chunk per token, the last with ``finish_reason``, then a usage chunk whe
 ``/metrics`` (``sim.metrics``), ``/simulator/stats`` (busy time, hit tokens, queue and
 cache state) and ``POST /simulator/restart`` (``Engine.restart``).
 
-The request's text becomes tokens and block hashes (``sim.tokens``), the engine decides
-when each token exists, and the handler writes precomputed chunk bytes as they come: no
-JSON encoding per token, so one process can serve 64 replicas.
+The request's text becomes tokens and block hashes (``sim.tokens``), waits
+``request_overhead_s`` (the frontend's share), then the engine decides when each token
+exists, and the handler writes precomputed chunk bytes as they come: no JSON encoding
+per token. Measured on this 2-core machine with zero step cost and the bench client on
+the same cores: one process answered 4,100 streamed 16-token requests a second.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 One engine step (prefill chunks and decodes batched together, as vLLM's continuous
 batching does) costs ``step_s + prefill_token_s * prefill_tokens + decode_seq_s *
-decode_seqs`` seconds. ``rayfleet sim calibrate`` fits the three coefficients against a
+decode_seqs`` seconds, and a request pays ``request_overhead_s`` once before it reaches
+the engine. ``rayfleet sim calibrate`` fits the three coefficients against a
 real vLLM server and writes a spec file that ``rayfleet sim serve --spec FILE`` reads:
 the fields below as one JSON object, plus an optional ``calibration`` object (how the
 fit was made and its error) that the server ignores.
@@ -22,8 +23,8 @@ CHARS_PER_TOKEN = 4
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """A simulated vLLM engine. Defaults are the tiny model's fit on a 2-core CPU box
-    scaled to GPU-like step times; calibrate for real numbers."""
+    """A simulated vLLM engine. The defaults are round numbers of a GPU step's order
+    (a 4 ms floor); ``rayfleet sim calibrate`` measures real ones."""
 
     model: str = "sim"
     step_s: float = 0.004

@@ -136,3 +136,17 @@ def test_sixty_four_replicas_in_one_process_answer() -> None:
         with ThreadPoolExecutor(16) as pool:
             assert list(pool.map(ask, fleet.urls)) == [" tok tok"] * 64
         assert all(s["num_finished"] == 1 for s in fleet.stats())
+
+
+def test_a_fleet_in_a_process_of_its_own_serves_and_restarts() -> None:
+    from rayfleet.sim import SimFleetProcess
+
+    with SimFleetProcess(EngineSpec(model="proc", step_s=0.0005), num_replicas=3) as fleet:
+        assert len(fleet.urls) == 3
+        for _ in range(2):
+            client(fleet.urls[2]).completions.create(model="proc", prompt=SYSTEM, max_tokens=1)
+        assert fleet.stats()[2]["prefix_cache_hits"] == 144
+        fleet.restart(2)
+        assert fleet.stats()[2]["prefix_cache_hits"] == 0
+        pid = fleet.proc.pid if fleet.proc else 0
+    assert fleet.proc is not None and fleet.proc.poll() is not None and pid
