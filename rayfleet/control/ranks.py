@@ -192,7 +192,7 @@ class SpanningRanks:
             log_path = self.log_dir / f"{_safe(self.replica_id)}-rank{rank}.log"
             starts.append(
                 actor.start.remote(
-                    self.model.model_dump(),
+                    self.model.model_dump(exclude_unset=True),
                     self.args_for(rank),
                     f"{self.replica_id}/rank{rank}",
                     str(log_path),

@@ -205,6 +205,6 @@ def build_application(
     ``engine_args`` (``FleetConfig.engine_args_for(model)``)."""
     deployment = VLLMReplica.options(**deployment_options(model))  # type: ignore[attr-defined]
     app: Application = deployment.bind(
-        model.model_dump(), engine_args, advertise_host, str(log_dir)
+        model.model_dump(exclude_unset=True), engine_args, advertise_host, str(log_dir)
     )
     return app

@@ -211,3 +211,17 @@ def test_down_does_not_wait_for_an_exited_fleet_process_nobody_reaped(tmp_path, 
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_a_model_survives_the_trip_to_its_replicas():
+    """What build_application sends each replica (and a replica each rank) validates again
+    to the same model, options of nested sections included."""
+    from rayfleet.config import ModelConfig
+
+    m = model(
+        nodes_per_replica=2,
+        engine_args={"tensor-parallel-size": 2},
+        routing={"policy": "prefix", "alpha": 2.0},
+    )
+    assert ModelConfig.model_validate(m.model_dump(exclude_unset=True)) == m
+    assert ModelConfig.model_validate(model().model_dump(exclude_unset=True)) == model()
