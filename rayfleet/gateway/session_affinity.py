@@ -4,10 +4,10 @@ bounded (consistent hashing with bounded loads).
 The request's session header (``x-session-id`` by default) is hashed onto a ring on which
 every replica has ``_POINTS_PER_REPLICA`` points; the conversation goes to the first
 replica clockwise whose requests in flight are under the bound
-``ceil((1 + load_factor) * (total_in_flight + 1) / num_replicas)``. A replica over it passes
-the key on to the next one on the ring, so a hot conversation spills over to the same
-second replica every time instead of scattering, and a replica joining or leaving moves
-only the conversations whose points it takes or gave. Since the bound is above the mean,
+``ceil((1 + load_factor) * (total_in_flight + 1) / num_replicas)``, at least 2. A replica
+at the bound passes the key on to the next one on the ring, so a hot conversation spills
+over to the same second replica every time instead of scattering, and a replica joining
+or leaving moves only the conversations whose points it takes or gave. Since the bound is above the mean,
 some replica is always under it. A request without the header goes to ``fallback``
 (least load).
 
@@ -30,6 +30,9 @@ from rayfleet.gateway.replica_policy import ReplicaPolicy, RequestInfo
 from rayfleet.gateway.replicas import Replica
 
 _POINTS_PER_REPLICA = 64  # spreads keys evenly within a few percent at 8 replicas and more
+# Near idle, the bound alone is 1 (with 8 replicas, until 6 are in flight): a conversation
+# would leave its replica, and its cache, whenever that replica serves one other request.
+_MIN_BOUND = 2
 
 
 def ring_hash(key: str) -> int:
@@ -64,7 +67,7 @@ class SessionAffinity:
         if not self._on_ring.issuperset(by_id):
             self._build_ring(by_id)
         total = sum(r.num_inflight for r in replicas)
-        bound = math.ceil((1 + self.load_factor) * (total + 1) / len(replicas))
+        bound = max(_MIN_BOUND, math.ceil((1 + self.load_factor) * (total + 1) / len(replicas)))
         return self._walk(ring_hash(key), by_id, bound)
 
     def _walk(self, point: int, by_id: Mapping[str, Replica], bound: int) -> Replica:
