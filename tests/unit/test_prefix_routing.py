@@ -1,0 +1,230 @@
+"""The prefix policy: its routing key, chained block hashes, the bounded index, the cost
+trade-off, load spreading under one dominant prefix, and forgetting restarted replicas."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rayfleet.config.routing import RoutingConfig
+from rayfleet.gateway.prefix_index import (
+    PrefixIndex,
+    block_hashes,
+    held_by,
+    held_prefix,
+    prompt_text,
+)
+from rayfleet.gateway.prefix_routing import PrefixRouting
+from rayfleet.gateway.replica_policy import RequestInfo
+from rayfleet.gateway.replicas import Replica, ReplicaSet
+
+CHAT = "/v1/chat/completions"
+BLOCK = 64
+
+
+def words(seed: int, num_chars: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(f"w{rng.randrange(10**6)}" for _ in range(num_chars // 4))[:num_chars]
+
+
+def chat(messages: list[dict], **extra) -> RequestInfo:
+    return RequestInfo(CHAT, "m", {"model": "m", "messages": messages, **extra}, {})
+
+
+def replicas(n: int) -> list[Replica]:
+    return [Replica(f"r{i}", "m", f"http://127.0.0.1:{9000 + i}", pid=100 + i) for i in range(n)]
+
+
+def prefix_policy(**options) -> PrefixRouting:
+    return PrefixRouting(RoutingConfig(policy="prefix", **options), rng=random.Random(0))
+
+
+# -- the key ------------------------------------------------------------------------
+
+
+def test_each_chat_turn_extends_the_blocks_of_the_turn_before():
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+    messages = [{"role": "system", "content": words(0, 700)}]
+    previous: list[int] = []
+    for turn in range(6):
+        messages.append({"role": "user", "content": words(10 + turn, 150 + 37 * turn)})
+        hashes = block_hashes(prompt_text(CHAT, chat(messages, tools=tools).body), BLOCK)
+        assert hashes[: len(previous)] == previous
+        assert len(hashes) > len(previous)
+        previous = hashes
+        reply = [{"type": "text", "text": words(20 + turn, 90)}]  # content as parts
+        messages.append({"role": "assistant", "content": reply})
+
+
+def test_tools_come_first_and_roles_count():
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    plain = prompt_text(CHAT, {"messages": [{"role": "user", "content": "hi"}]})
+    with_tools = prompt_text(
+        CHAT, {"messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    )
+    as_system = prompt_text(CHAT, {"messages": [{"role": "system", "content": "hi"}]})
+    assert with_tools.startswith('[{"function"') and with_tools.endswith(plain)
+    assert as_system != plain
+
+
+def test_a_completion_is_keyed_on_its_prompt():
+    assert prompt_text("/v1/completions", {"prompt": "abc"}) == "abc"
+    assert prompt_text("/v1/completions", {"prompt": [1, 2, 3]}) == "[1,2,3]"
+
+
+def test_block_hashes_are_chained_over_whole_blocks_only():
+    a, b, c = "a" * BLOCK, "b" * BLOCK, "c" * BLOCK
+    assert len(block_hashes(a + b + "tail", BLOCK)) == 2  # a partial block is not cached
+    assert block_hashes(a + b, BLOCK)[:1] == block_hashes(a + c, BLOCK)[:1]
+    # The same block after another prefix is another hash: each covers all before it.
+    assert block_hashes(a + b, BLOCK)[1] != block_hashes(c + b, BLOCK)[1]
+    assert block_hashes(b, BLOCK)[0] != block_hashes(a + b, BLOCK)[1]
+
+
+# -- the index ----------------------------------------------------------------------
+
+
+def test_index_stays_bounded_and_evicts_a_prompt_tail_first():
+    index = PrefixIndex(capacity_blocks=160)
+    (table,) = index.tables_of(replicas(1), now=0.0)
+    first = block_hashes(words(1, 100 * BLOCK), BLOCK)
+    index.record(table, first)
+    for seed in range(2, 30):
+        index.record(table, block_hashes(words(seed, 20 * BLOCK), BLOCK))
+        assert len(table) <= 160 + 160 // 16
+        held = held_prefix(table, first)
+        assert all(h in table for h in first[:held])
+        assert not any(h in table for h in first[held:])  # what is left is a prefix
+    assert held_prefix(table, first) == 0  # the old prompt is gone by now
+
+
+def test_held_prefix_agrees_with_a_scan_whatever_the_guess():
+    rng = random.Random(3)
+    for _ in range(300):
+        hashes = [rng.getrandbits(60) for _ in range(rng.randrange(0, 40))]
+        length = rng.randrange(0, len(hashes) + 1)
+        table = dict.fromkeys(hashes[:length])
+        table.update(dict.fromkeys(rng.getrandbits(60) for _ in range(5)))
+        assert held_prefix(table, hashes, rng.randrange(-2, 45)) == length
+    hashes = [rng.getrandbits(60) for _ in range(40)]
+    tables = [dict.fromkeys(hashes[:n]) for n in (0, 5, 5, 40, 1)]
+    assert held_by(tables, hashes) == [0, 5, 5, 40, 1]
+
+
+# -- the pick -----------------------------------------------------------------------
+
+
+def test_a_cached_replica_wins_until_its_extra_load_outweighs_the_saved_prefill():
+    policy = prefix_policy(request_cost_blocks=10.0)
+    fleet = replicas(2)
+    system = {"role": "system", "content": words(5, 100 * BLOCK)}
+    policy.pick(chat([system, {"role": "user", "content": "q0"}]), fleet[:1])  # r0 learns it
+    request = chat([system, {"role": "user", "content": "q1"}])
+    fleet[0].num_inflight = 9  # 9 x 10 = 90 blocks of queued work < 100 blocks saved
+    assert policy.pick(request, fleet) is fleet[0]
+    fleet[0].num_inflight = 11  # 110 > 100: the prefill elsewhere is cheaper
+    assert policy.pick(request, fleet) is fleet[1]
+    fleet[0].num_inflight = fleet[1].num_inflight = 11  # both hold it now: load decides
+    fleet[1].num_inflight = 12
+    assert policy.pick(request, fleet) is fleet[0]
+
+
+def test_ties_are_broken_at_random_and_replicas_over_the_hard_limit_skipped():
+    policy = prefix_policy(max_inflight=3)
+    fleet = replicas(4)
+    chosen = {
+        policy.pick(chat([{"role": "user", "content": f"q{i}"}]), fleet).replica_id
+        for i in range(40)
+    }
+    assert len(chosen) == 4
+    system = {"role": "system", "content": words(6, 50 * BLOCK)}
+    policy.pick(chat([system]), fleet[:1])
+    fleet[0].num_inflight = 3
+    assert policy.pick(chat([system, {"role": "user", "content": "x"}]), fleet) is not fleet[0]
+    for r in fleet:
+        r.num_inflight = 3  # all at the limit: the cost decides again
+    assert policy.pick(chat([system, {"role": "user", "content": "y"}]), fleet) is fleet[0]
+
+
+def test_one_dominant_prefix_spreads_without_a_hot_spot_and_keeps_its_hits():
+    """8 replicas, each finishing one request per tick if it has any; about 7 arrivals
+    per tick, all sharing one system prompt. Routing that held the prefix on one replica
+    too long would pile up there; picks must stay within 1.25x of the mean."""
+    rng = random.Random(7)
+    policy = prefix_policy()
+    fleet = replicas(8)
+    system = {"role": "system", "content": words(8, 64 * BLOCK)}
+    picks = {r.replica_id: 0 for r in fleet}
+    hits = blocks = 0
+    for tick in range(3000):
+        for _ in range(rng.choice((6, 7, 8))):
+            question = {"role": "user", "content": words(rng.randrange(10**9), 4 * BLOCK)}
+            request = chat([system, question])
+            hashes = block_hashes(prompt_text(CHAT, request.body), BLOCK)
+            before = {
+                r.replica_id: held_prefix(t, hashes)
+                for r, t in zip(fleet, policy.index.tables_of(fleet, 0.0), strict=True)
+            }
+            chosen = policy.pick(request, fleet)
+            assert chosen is not None
+            chosen.num_inflight += 1
+            if tick >= 1000:
+                picks[chosen.replica_id] += 1
+                hits += before[chosen.replica_id]
+                blocks += len(hashes)
+        for r in fleet:
+            r.num_inflight = max(0, r.num_inflight - 1)
+    mean = sum(picks.values()) / len(picks)
+    assert max(picks.values()) <= 1.25 * mean
+    assert max(r.num_inflight for r in fleet) < 30  # no queue grew without bound
+    assert hits / blocks > 0.9  # 64 of 68 blocks: affinity kept where it pays
+
+
+def test_a_restarted_replica_is_forgotten_and_a_copy_of_the_same_is_not():
+    policy = prefix_policy()
+    fleet = replicas(2)
+    request = chat([{"role": "system", "content": words(9, 40 * BLOCK)}])
+    policy.pick(request, fleet[:1])
+    fleet[1].num_inflight = 0
+    fleet[0].num_inflight = 5
+    assert policy.pick(request, fleet) is fleet[0]  # 40 blocks saved > 5 x 1 of load
+    fleet[0].num_inflight = 0
+    same = Replica("r0", "m", fleet[0].url, pid=fleet[0].pid)  # same server, new object
+    assert policy.index.num_blocks()["r0"] == 40
+    policy.index.tables_of([same], 0.0)
+    assert policy.index.num_blocks()["r0"] == 40
+    restarted = Replica("r0", "m", fleet[0].url, pid=999)
+    policy.index.tables_of([restarted], 0.0)
+    assert policy.index.num_blocks()["r0"] == 0
+
+
+def test_replica_set_gives_a_restarted_server_a_new_replica():
+    replica_set = ReplicaSet(["m"])
+    entry = {"replica_id": "r0", "model": "m", "url": "http://127.0.0.1:9000", "pid": 1}
+    replica_set.update([entry])
+    (first,) = replica_set.replicas("m")
+    replica_set.update([entry])
+    assert replica_set.replicas("m")[0] is first
+    replica_set.update([{**entry, "pid": 2}])
+    assert replica_set.replicas("m")[0] is not first
+
+
+def test_replicas_gone_for_a_minute_are_forgotten():
+    now = [0.0]
+    policy = PrefixRouting(RoutingConfig(policy="prefix"), clock=lambda: now[0])
+    fleet = replicas(2)
+    policy.pick(chat([{"role": "user", "content": words(1, 10 * BLOCK)}]), fleet)
+    assert policy.index.num_replicas == 2
+    for step in range(1, 70):
+        now[0] = float(step)
+        policy.pick(chat([{"role": "user", "content": "q"}]), fleet[1:])
+    assert set(policy.index.num_blocks()) == {"r1"}
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_no_candidates_declines_and_short_prompts_still_pick(n):
+    policy = prefix_policy()
+    fleet = replicas(n)
+    picked = policy.pick(chat([{"role": "user", "content": "hi"}]), fleet)
+    assert picked is (fleet[0] if fleet else None)
