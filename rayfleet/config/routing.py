@@ -10,8 +10,9 @@
       session_header: x-session-id   # session: the header that names a conversation
       load_factor: 0.25         # session: a replica over (1 + load_factor) x mean passes it on
 
-Options apply to one policy each; setting one that the chosen policy does not read is an
-error naming both, so that a typo in ``policy`` does not silently drop the options.
+Options apply to one policy each; giving one that the chosen policy does not read a value
+other than its default is an error naming both, so that a typo in ``policy`` does not
+silently drop the options.
 The gateway builds the policy from this (rayfleet/gateway/routing.py).
 """
 
@@ -91,9 +92,11 @@ class RoutingConfig(StrictModel):
 
     @model_validator(mode="after")
     def _options_of_the_policy(self) -> RoutingConfig:
-        for option in sorted(self.model_fields_set):
-            owner = _OPTION_POLICY.get(option)
-            if owner is not None and owner != self.policy:
+        # Compared with the default, not with what was set: a config dumped whole and
+        # validated again (a replica receiving its model) must pass as it did.
+        for option, owner in _OPTION_POLICY.items():
+            default = type(self).model_fields[option].default
+            if owner != self.policy and getattr(self, option) != default:
                 raise ValueError(
                     f"{option} is an option of policy '{owner}', but policy is "
                     f"'{self.policy}'; remove {option} or set policy: {owner}"

@@ -70,6 +70,11 @@ def test_bad_routing_is_one_line_naming_the_field(routing, expected):
     assert message.startswith(f"fleet.yaml: {expected}")
 
 
+def test_a_routing_dumped_whole_validates_again():
+    for config in (RoutingConfig(), RoutingConfig(policy="prefix", alpha=3.0)):
+        assert RoutingConfig.model_validate(config.model_dump()) == config
+
+
 def test_routing_defaults_to_least_load_and_reaches_the_gateway_policies():
     fleet = parse_fleet({"models": [{"name": "m", "source": "/models/m"}]})
     assert fleet.models[0].routing == RoutingConfig()
