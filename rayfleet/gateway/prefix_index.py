@@ -25,9 +25,10 @@ A first version kept a table of hash -> bit mask of holders to match every repli
 pass; its extra dictionary, 100k entries at the benchmark's size, doubled the cache misses
 of recording and cost 50 us of a 120 us pick on the 2-core development machine.
 
-Memory: about 130 bytes per indexed block per replica on CPython 3.11 (an OrderedDict
-entry with its link and the hash's int), so the default 16,384 blocks are about 2 MB per
-replica and 128 MB for 64 replicas at most; benchmarks/prefix_pick.py measures it.
+Memory: about 112 bytes per indexed block on CPython 3.11 (a dict entry, its share of
+the table, the hash's int; measured by benchmarks/prefix_pick.py), plus up to 1/16 over
+capacity between evictions: the default 16,384 blocks are about 2 MB per replica, 125 MB
+for 64 replicas at most.
 """
 
 from __future__ import annotations

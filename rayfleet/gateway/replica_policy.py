@@ -6,7 +6,9 @@
 tried for this request, so that no policy can pick a draining replica. ``pick`` returns
 one of them, or None to decline (the dispatcher then answers as for no replica). A
 policy may keep state of its own (a rotation, a prefix table), but counts in flight
-live on the replicas. The first policy is ``LeastLoad`` (least_load.py).
+live on the replicas. Policies: ``LeastLoad`` (least_load.py, the default),
+``RoundRobin``, ``PrefixRouting`` and ``SessionAffinity``, built per model from fleet.yaml's
+``routing`` by ``build_replica_policy`` (routing.py).
 """
 
 from __future__ import annotations

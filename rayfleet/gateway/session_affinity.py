@@ -7,9 +7,9 @@ replica clockwise whose requests in flight are under the bound
 ``ceil((1 + load_factor) * (total_in_flight + 1) / num_replicas)``, at least 2. A replica
 at the bound passes the key on to the next one on the ring, so a hot conversation spills
 over to the same second replica every time instead of scattering, and a replica joining
-or leaving moves only the conversations whose points it takes or gave. Since the bound is above the mean,
-some replica is always under it. A request without the header goes to ``fallback``
-(least load).
+or leaving moves only the conversations whose points it takes or gave. Since the bound
+is above the mean, some replica is always under it. A request without the header goes to
+``fallback`` (least load).
 
 The ring's hash is blake2b, not Python's salted ``hash``, so every gateway process puts a
 session on the same replica. The ring is rebuilt when a candidate is not on it (about 2 ms
