@@ -87,9 +87,14 @@ def _print_launches(config: FleetConfig, launches: list[ModelLaunch]) -> None:
     typer.echo("fleet valid; vLLM's parser accepts every model's engine arguments; nothing started")
     typer.echo(f"gateway http://{gateway.host}:{gateway.port}/v1, Ray: {config.cluster.address}")
     for launch in launches:
+        shape = f"{launch.num_cpus:g} CPU and {launch.num_gpus:g} GPU"
+        shape += (
+            f" on each of {launch.nodes_per_replica} nodes per replica"
+            if launch.nodes_per_replica > 1
+            else " each"
+        )
         typer.echo(
-            f"model '{launch.name}': {launch.replicas} replica(s) of {launch.source}, "
-            f"{launch.num_cpus:g} CPU and {launch.num_gpus:g} GPU each"
+            f"model '{launch.name}': {launch.replicas} replica(s) of {launch.source}, {shape}"
         )
         for key, value in launch.engine_args.items():
             shown = value if isinstance(value, str) else json.dumps(value)

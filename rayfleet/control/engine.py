@@ -26,6 +26,8 @@ TTFT of 1.0 s against a server-side one under 0.1 s), and kernel threads waited 
 1.9 s for a core. In the session of the replica or test that started it, the yields
 reach the gateway and the client, and the stalls were gone (0 of 16 runs).
 
+``EngineProcess(..., headless=True)`` is a headless rank of an engine that spans nodes
+(``headless_argv``: rayfleet/control/headless.py; no port, no /health, alive is healthy).
 ``server_argv`` is the server's whole command line; the engine arguments in it come
 from ``engine_argv`` (rayfleet/control/engine_args.py), unchanged. ``kill_process_group``
 stops a server's group; ``rayfleet down`` uses it for servers its fleet process left.

@@ -85,6 +85,7 @@ class ModelLaunch:
     replicas: int
     num_cpus: float
     num_gpus: float
+    nodes_per_replica: int
     engine_args: dict[str, Any]  # the user's, then the derived ones
     derived: dict[str, str]  # derived argument -> why
     argv: list[str]  # engine_args as vLLM's flags
@@ -105,6 +106,7 @@ def dry_run(config: FleetConfig) -> list[ModelLaunch]:
                 replicas=model.replicas,
                 num_cpus=model.num_cpus,
                 num_gpus=model.num_gpus,
+                nodes_per_replica=model.nodes_per_replica,
                 engine_args=engine_args,
                 derived={k: d.because for k, d in config.derived_engine_args(model).items()},
                 argv=engine_argv(engine_args),

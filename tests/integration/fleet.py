@@ -64,9 +64,14 @@ def model_entry(
     return {"name": name, "source": str(source), "engine_args": dict(engine_args), **fields}
 
 
-def write_config(home: Path, models: list[dict[str, Any]], port: int) -> Path:
+def write_config(
+    home: Path, models: list[dict[str, Any]], port: int, cluster: Mapping[str, Any] | None = None
+) -> Path:
     config_path = home / "fleet.yaml"
-    config_path.write_text(yaml.safe_dump({"gateway": {"port": port}, "models": models}))
+    data: dict[str, Any] = {"gateway": {"port": port}, "models": models}
+    if cluster is not None:
+        data["cluster"] = dict(cluster)
+    config_path.write_text(yaml.safe_dump(data))
     return config_path
 
 
@@ -118,10 +123,14 @@ class RunningFleet:
 
 
 @contextlib.contextmanager
-def running_fleet(home: Path, models: list[dict[str, Any]]) -> Iterator[RunningFleet]:
-    """A fleet of ``models`` started detached in ``home``; stopped on exit if still up."""
+def running_fleet(
+    home: Path, models: list[dict[str, Any]], cluster: Mapping[str, Any] | None = None
+) -> Iterator[RunningFleet]:
+    """A fleet of ``models`` started detached in ``home`` (on the embedded Ray, or on
+    ``cluster``: fleet.yaml's cluster section); stopped on exit if still up."""
     port = free_port()
-    fleet = RunningFleet(home=home, port=port, config_path=write_config(home, models, port))
+    config_path = write_config(home, models, port, cluster)
+    fleet = RunningFleet(home=home, port=port, config_path=config_path)
     fleet.cli("up", "-c", str(fleet.config_path), "--detach", timeout_s=900)
     try:
         yield fleet
