@@ -9,6 +9,13 @@ takes it out of rotation after N failures in a row). It returns the response, or
 may try elsewhere). A timeout before that is a 408 of the gateway's own; a response cut
 off after it ends with an error event (a stream) and is never replayed.
 
+A response that ended whole is read for its usage once its last byte is sent: when the
+model's replica policy has ``observe_usage`` (replica_policy.py), the prompt and cached
+tokens of ``usage`` (``prompt_tokens_details.cached_tokens``) are found in the end of the
+body (``Exchange.end``: a whole body, or a stream's usage chunk before ``[DONE]``) by a
+byte search, no JSON decoding, and passed to it. The relay itself pays one attribute
+write per piece for this; a policy without the hook, nothing more.
+
 When the client goes away, aiohttp cancels the handler (``handler_cancellation``): the
 exchange is finished uncompleted, which closes the upstream connection whatever ``run``
 was waiting for (the head, the first piece, a whole body, a paused stream), and vLLM
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +41,7 @@ from rayfleet.gateway.errors import (
 )
 from rayfleet.gateway.metrics import GatewayMetrics
 from rayfleet.gateway.policies import Admission
+from rayfleet.gateway.replica_policy import RequestInfo
 from rayfleet.gateway.replicas import Replica, ReplicaSet
 from rayfleet.gateway.upstream import (
     Exchange,
@@ -43,6 +52,10 @@ from rayfleet.gateway.upstream import (
 )
 
 log = logging.getLogger("rayfleet.gateway")
+
+_CACHED_TOKENS = b'"cached_tokens":'
+_PROMPT_TOKENS = b'"prompt_tokens":'
+_NUMBER = re.compile(rb"\s*(\d+)")
 
 
 @dataclass(frozen=True)
@@ -78,9 +91,15 @@ class Target:
 
 
 class Attempts:
-    def __init__(self, replica_set: ReplicaSet, metrics: GatewayMetrics):
+    def __init__(
+        self,
+        replica_set: ReplicaSet,
+        metrics: GatewayMetrics,
+        replica_policies: Mapping[str, object] | None = None,
+    ):
         self.replica_set = replica_set
         self.metrics = metrics
+        self.replica_policies = replica_policies if replica_policies is not None else {}
 
     def refuse(self, error: RequestError, model: str) -> web.Response:
         """Answer with ``error`` from the gateway itself, counted."""
@@ -167,7 +186,21 @@ class Attempts:
         elapsed = time.perf_counter() - journey.started
         self.metrics.latency.labels(target.model, target.label).observe(elapsed)
         self.metrics.requests.labels(target.model, target.label, str(exchange.status)).inc()
+        if outcome is Outcome.DONE and target.replica is not None:
+            self._report_usage(journey, target.replica, target.model, exchange)
         return response
+
+    def _report_usage(
+        self, journey: Journey, replica: Replica, model: str, exchange: Exchange
+    ) -> None:
+        """Tell the model's policy what the replica reported cached, when it asks."""
+        observe = getattr(self.replica_policies.get(model), "observe_usage", None)
+        if observe is None:
+            return
+        usage = usage_tokens(exchange.end())
+        if usage is not None:
+            info = RequestInfo(journey.path, model, journey.admission.body, journey.request.headers)
+            observe(replica, info, *usage)
 
     async def _end_cut_off(
         self,
@@ -226,6 +259,20 @@ def _response_like(exchange: Exchange, label: str, extra: Mapping[str, str]) -> 
     response.headers[REPLICA_HEADER] = label
     response.headers.update(extra)
     return response
+
+
+def usage_tokens(end: bytes) -> tuple[int, int] | None:
+    """(prompt_tokens, cached_tokens) of the last usage in ``end``, the end of a response
+    body; None when it reports no cached tokens."""
+    at = end.rfind(_CACHED_TOKENS)
+    cached = _NUMBER.match(end, at + len(_CACHED_TOKENS)) if at >= 0 else None
+    if cached is None:
+        return None
+    at = end.rfind(_PROMPT_TOKENS, 0, at)
+    prompt = _NUMBER.match(end, at + len(_PROMPT_TOKENS)) if at >= 0 else None
+    if prompt is None:
+        return None
+    return int(prompt.group(1)), int(cached.group(1))
 
 
 def _event_boundary(last_chunk: bytes) -> bytes:

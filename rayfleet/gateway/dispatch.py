@@ -62,7 +62,7 @@ class Dispatcher:
         self.metrics = metrics
         self.limits = limits
         self.replica_policies = replica_policies
-        self.attempts = Attempts(replica_set, metrics)
+        self.attempts = Attempts(replica_set, metrics, replica_policies)
         self.refuse = self.attempts.refuse  # an answer of the gateway's own, counted
         self.providers = AiohttpUpstream()
         # Replica responses through relay.py (None: through aiohttp's client, as providers).

@@ -140,6 +140,22 @@ class GatewayMetrics:
             ["model", "replica"],
             registry=self.registry,
         )
+        self.prefix_realised_hit_tokens = Counter(
+            "rayfleet_prefix_realised_hit_tokens_total",
+            "Prompt tokens each replica reported cached (usage.prompt_tokens_details."
+            "cached_tokens; vLLM needs --enable-prompt-tokens-details) for requests the prefix "
+            "policy sent it; only responses that carry a usage count (streams ask for it with "
+            "stream_options.include_usage).",
+            ["model", "replica"],
+            registry=self.registry,
+        )
+        self.prefix_usage_prompt_tokens = Counter(
+            "rayfleet_prefix_usage_prompt_tokens_total",
+            "Prompt tokens of the responses counted in realised_hit_tokens; realised hit rate "
+            "= realised_hit_tokens / usage_prompt_tokens, to set against the predicted one.",
+            ["model", "replica"],
+            registry=self.registry,
+        )
         self.before_render: list[Callable[[], None]] = []
 
     def render(self) -> bytes:

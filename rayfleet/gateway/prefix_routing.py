@@ -20,6 +20,11 @@ skipped while another has room. Ties go to a random one of the tied.
 The index learns on send: the chosen replica is recorded as holding every whole block of
 the prompt. A replica whose url or pid changed (a restart) is forgotten and starts empty;
 one that no candidate list has named for a minute is forgotten too.
+
+The policy checks itself: ``observe_usage`` gets the prompt tokens and the cached tokens
+a replica reported for a request it placed (vLLM's ``usage.prompt_tokens_details``, read
+by the gateway once the response ended), so that the realised hit rate stands next to the
+predicted one (``hit_rates``; per replica in ``/metrics`` through ``on_usage``).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from rayfleet.gateway.replicas import Replica
 
 # What a pick reports: the replica chosen, the blocks it is predicted to hold, the blocks.
 PickObserver = Callable[[Replica, int, int], None]
+# What a replica reported of a request the policy placed: prompt tokens, cached tokens.
+UsageCounter = Callable[[Replica, int, int], None]
 
 _COST_EWMA_WEIGHT = 1 / 64  # the learned request cost follows about the last 64 requests
 _MIN_REQUEST_COST = 1.0
@@ -51,6 +58,7 @@ class PrefixRouting:
         *,
         rng: random.Random | None = None,
         observe: PickObserver | None = None,
+        on_usage: UsageCounter | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.block_chars = config.block_chars
@@ -61,7 +69,12 @@ class PrefixRouting:
         self.learned_cost = _MIN_REQUEST_COST
         self._rng = rng or random.Random()
         self._observe = observe
+        self._on_usage = on_usage
         self._clock = clock
+        self.num_predicted_hit_blocks = 0
+        self.num_prompt_blocks = 0
+        self.num_realised_hit_tokens = 0
+        self.num_realised_prompt_tokens = 0
 
     @property
     def request_cost(self) -> float:
@@ -82,6 +95,8 @@ class PrefixRouting:
         self.index.record(tables[i], hashes)
         self._learn(len(hashes) - held[i])
         self.index.sweep(now)
+        self.num_predicted_hit_blocks += held[i]
+        self.num_prompt_blocks += len(hashes)
         if self._observe is not None:
             self._observe(replicas[i], held[i], len(hashes))
         return replicas[i]
@@ -101,3 +116,19 @@ class PrefixRouting:
     def _learn(self, uncached_blocks: int) -> None:
         cost = max(float(uncached_blocks), _MIN_REQUEST_COST)
         self.learned_cost += (cost - self.learned_cost) * _COST_EWMA_WEIGHT
+
+    def observe_usage(
+        self, replica: Replica, request: RequestInfo, prompt_tokens: int, cached_tokens: int
+    ) -> None:
+        """Count what ``replica`` reported cached of a request this policy placed."""
+        self.num_realised_hit_tokens += cached_tokens
+        self.num_realised_prompt_tokens += prompt_tokens
+        if self._on_usage is not None:
+            self._on_usage(replica, prompt_tokens, cached_tokens)
+
+    def hit_rates(self) -> tuple[float, float]:
+        """(predicted, realised) hit rates so far: blocks predicted held over prompt blocks
+        sent, and cached tokens reported over prompt tokens reported."""
+        predicted = self.num_predicted_hit_blocks / max(self.num_prompt_blocks, 1)
+        realised = self.num_realised_hit_tokens / max(self.num_realised_prompt_tokens, 1)
+        return predicted, realised

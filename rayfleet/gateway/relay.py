@@ -68,6 +68,7 @@ class RelayConnection(asyncio.Protocol):
         self.got_bytes = False
         self.paused = False
         self._last_piece = b""
+        self._piece_before = b""
         self._head: asyncio.Future[None] = loop.create_future()
         self._head.add_done_callback(_retrieve)  # a failure nobody waits for is not news
         self._done: asyncio.Future[Outcome] = loop.create_future()
@@ -121,6 +122,7 @@ class RelayConnection(asyncio.Protocol):
             self._head.set_result(None)
 
     def on_body(self, piece: bytes) -> None:
+        self._piece_before = self._last_piece
         self._last_piece = piece
         sink = self._sink
         if sink is not None:
@@ -213,6 +215,12 @@ class RelayConnection(asyncio.Protocol):
 
     def tail(self) -> bytes | None:
         return self._last_piece if self.chunked else None
+
+    def end(self) -> bytes:
+        # A stream's usage chunk is the piece before its "data: [DONE]".
+        if self.chunked:
+            return self._piece_before + self._last_piece
+        return b"".join(self._pieces)
 
     def finish(self, completed: bool) -> None:
         """Back to the pool when the response ended cleanly, else closed."""

@@ -9,11 +9,17 @@ policy may keep state of its own (a rotation, a prefix table), but counts in fli
 live on the replicas. Policies: ``LeastLoad`` (least_load.py, the default),
 ``RoundRobin``, ``PrefixRouting`` and ``SessionAffinity``, built per model from fleet.yaml's
 ``routing`` by ``build_replica_policy`` (routing.py).
+
+A policy may also learn from what a replica did with a request it placed: when it has a
+method ``observe_usage(replica, request, prompt_tokens, cached_tokens)``, the gateway calls
+it once a response ends with a usage that reports cached tokens (``Attempts``, attempt.py:
+``usage.prompt_tokens_details.cached_tokens`` of a whole body or of a stream's usage
+chunk). ``PrefixRouting`` uses it to check its predictions; the others have none.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,3 +38,7 @@ class RequestInfo:
 
 class ReplicaPolicy(Protocol):
     def pick(self, request: RequestInfo, replicas: Sequence[Replica]) -> Replica | None: ...
+
+
+# observe_usage(replica, request, prompt_tokens, cached_tokens), when a policy has it.
+UsageObserver = Callable[[Replica, RequestInfo, int, int], None]

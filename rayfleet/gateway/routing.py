@@ -10,7 +10,8 @@
 
 With ``metrics``, the policy is wrapped so that every pick's duration goes to
 ``rayfleet_replica_pick_seconds{model, policy}``; the prefix policy also counts the blocks
-it predicted cached and the blocks sent per replica, and its index size per replica is
+it predicted cached and the blocks sent per replica, the tokens replicas reported cached
+(``observe_usage``, passed through ``TimedPolicy``), and its index size per replica is
 read when ``/metrics`` is scraped (``GatewayMetrics.before_render``).
 """
 
@@ -24,8 +25,8 @@ from prometheus_client import Counter
 from rayfleet.config.routing import RoutingConfig
 from rayfleet.gateway.least_load import LeastLoad
 from rayfleet.gateway.metrics import GatewayMetrics
-from rayfleet.gateway.prefix_routing import PickObserver, PrefixRouting
-from rayfleet.gateway.replica_policy import ReplicaPolicy, RequestInfo
+from rayfleet.gateway.prefix_routing import PickObserver, PrefixRouting, UsageCounter
+from rayfleet.gateway.replica_policy import ReplicaPolicy, RequestInfo, UsageObserver
 from rayfleet.gateway.replicas import Replica
 from rayfleet.gateway.round_robin import RoundRobin
 from rayfleet.gateway.session_affinity import SessionAffinity
@@ -45,7 +46,8 @@ def build_replica_policy(
         policy = SessionAffinity(config)
     elif config.policy == "prefix":
         observe = _hit_counter(model, metrics) if metrics is not None else None
-        policy = prefix = PrefixRouting(config, observe=observe)
+        on_usage = _realised_counter(model, metrics) if metrics is not None else None
+        policy = prefix = PrefixRouting(config, observe=observe, on_usage=on_usage)
         if metrics is not None:
             metrics.before_render.append(_index_size_reader(prefix, model, metrics))
     else:
@@ -61,6 +63,8 @@ class TimedPolicy:
     def __init__(self, policy: ReplicaPolicy, metrics: GatewayMetrics, model: str, name: str):
         self.policy = policy
         self._observe = metrics.pick_latency.labels(model, name).observe
+        # The wrapped policy's optional hook, found by Attempts under the same name.
+        self.observe_usage: UsageObserver | None = getattr(policy, "observe_usage", None)
 
     def pick(self, request: RequestInfo, replicas: Sequence[Replica]) -> Replica | None:
         started = time.perf_counter()
@@ -84,6 +88,17 @@ def _hit_counter(model: str, metrics: GatewayMetrics) -> PickObserver:
         pair[1].inc(num_blocks)
 
     return observe
+
+
+def _realised_counter(model: str, metrics: GatewayMetrics) -> UsageCounter:
+    """Count the prompt and cached tokens replicas reported, per replica."""
+
+    def count(replica: Replica, prompt_tokens: int, cached_tokens: int) -> None:
+        labels = (model, replica.replica_id)
+        metrics.prefix_realised_hit_tokens.labels(*labels).inc(cached_tokens)
+        metrics.prefix_usage_prompt_tokens.labels(*labels).inc(prompt_tokens)
+
+    return count
 
 
 def _index_size_reader(policy: PrefixRouting, model: str, metrics: GatewayMetrics) -> Refresh:

@@ -6,6 +6,7 @@ An ``Upstream`` opens one exchange per request and returns once the response hea
     exchange.status, exchange.content_type, exchange.charset
     outcome = await exchange.relay(request, response)   # Outcome; prepares ``response``
     exchange.first_byte_at, exchange.tail()              # for metrics and a cut-off stream
+    exchange.end()                                       # where the usage is, once DONE
     exchange.finish(completed=outcome is Outcome.DONE)   # back to a pool, or closed
 
 ``open`` raises ``UpstreamConnectError`` when no response head came (nothing reached the
@@ -74,6 +75,11 @@ class Exchange(Protocol):
         """The last piece of a streamed body (None when the body is not a stream)."""
         ...
 
+    def end(self) -> bytes:
+        """The end of the body as received: a whole body, or a stream's last two pieces
+        (vLLM's usage chunk comes just before ``[DONE]``)."""
+        ...
+
     def finish(self, completed: bool) -> None:
         """Give the connection back for reuse when ``completed``, else close it."""
         ...
@@ -128,6 +134,7 @@ class AiohttpExchange:
         self.charset = upstream.charset
         self.first_byte_at = 0.0
         self._last_chunk = b""
+        self._chunk_before = b""
 
     async def relay(self, request: web.Request, response: web.StreamResponse) -> Outcome:
         upstream = self._upstream
@@ -147,10 +154,14 @@ class AiohttpExchange:
             if not self.first_byte_at:
                 self.first_byte_at = time.perf_counter()
             await response.write(chunk)
+            self._chunk_before = self._last_chunk
             self._last_chunk = chunk
 
     def tail(self) -> bytes | None:
         return self._last_chunk if self.content_type == "text/event-stream" else None
+
+    def end(self) -> bytes:
+        return self._chunk_before + self._last_chunk
 
     def finish(self, completed: bool) -> None:
         if completed:

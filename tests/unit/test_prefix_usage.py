@@ -1,0 +1,92 @@
+"""The prefix policy's self-check: the cached tokens a replica reports in ``usage`` reach the
+policy and /metrics, streamed (the usage chunk before [DONE]) and whole, checked against
+the simulator's own prefix cache counters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import aiohttp
+
+from rayfleet.config import RoutingConfig
+from rayfleet.gateway.app import Gateway, start_gateway
+from rayfleet.gateway.attempt import usage_tokens
+from rayfleet.gateway.policies import Policies
+from rayfleet.gateway.prefix_routing import PrefixRouting
+from rayfleet.gateway.routing import TimedPolicy
+from rayfleet.sim import EngineSpec, SimFleet
+
+
+def test_usage_is_read_from_the_end_of_a_body_or_a_stream():
+    usage = {"prompt_tokens": 70, "total_tokens": 74, "completion_tokens": 4,
+             "prompt_tokens_details": {"cached_tokens": 64}}  # fmt: skip
+    chunk = b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"
+    assert usage_tokens(chunk + b"data: [DONE]\n\n") == (70, 64)
+    compact = json.dumps({"choices": [{"text": "x"}], "usage": usage}, separators=(",", ":"))
+    assert usage_tokens(compact.encode()) == (70, 64)
+    assert usage_tokens(b'{"usage":{"prompt_tokens":5,"prompt_tokens_details":null}}') is None
+    assert usage_tokens(b'data: {"choices":[{"text":" tok"}]}\n\ndata: [DONE]\n\n') is None
+    assert usage_tokens(b"") is None
+
+
+def body(system: str, i: int, stream: bool, include_usage: bool) -> dict:
+    request: dict = {"model": "m", "prompt": f"{system} question {i}", "max_tokens": 3}
+    if stream:
+        request["stream"] = True
+        if include_usage:
+            request["stream_options"] = {"include_usage": True}
+    return request
+
+
+async def send_all(urls: list[str], system: str) -> tuple[PrefixRouting, str]:
+    entries = [{"replica_id": f"r{i}", "model": "m", "url": u} for i, u in enumerate(urls)]
+
+    async def source():
+        return entries
+
+    policies = Policies.plain(["m"])
+    policies.routing = {"m": RoutingConfig(policy="prefix")}
+    gateway = Gateway(["m"], source, policies=policies)
+    runner = await start_gateway(gateway, "127.0.0.1", 0)
+    host, port = runner.addresses[0][:2]
+    url = f"http://{host}:{port}/v1/completions"
+    try:
+        async with aiohttp.ClientSession() as session:
+            # Streamed without usage (nothing to read), streamed with usage, and whole.
+            kinds = [(True, False)] * 2 + [(True, True)] * 3 + [(False, False)] * 3
+            for i, (stream, usage) in enumerate(kinds):
+                async with session.post(url, json=body(system, i, stream, usage)) as response:
+                    assert response.status == 200
+                    await response.read()
+        metrics = gateway.metrics.render().decode()
+    finally:
+        await runner.cleanup()
+    timed = gateway.dispatcher.replica_policies["m"]
+    assert isinstance(timed, TimedPolicy) and isinstance(timed.policy, PrefixRouting)
+    return timed.policy, metrics
+
+
+def test_realised_hits_reach_the_prefix_policy_and_metrics_as_the_replica_counted_them():
+    rng = random.Random(3)
+    system = " ".join(f"rule {rng.randrange(10**6)}" for _ in range(200))
+    spec = EngineSpec(step_s=0.0005, prefill_token_s=0.0, decode_seq_s=0.0)
+    with SimFleet(spec, num_replicas=2) as fleet:
+        policy, metrics = asyncio.run(send_all(fleet.urls, system))
+        stats = fleet.stats()
+    hits = sum(s["prefix_cache_hits"] for s in stats)
+    assert hits > 0
+    # The last six of eight responses carried a usage. The first request found the cache
+    # cold; the seven after it hit the same shared prompt (same length, same replica).
+    assert policy.num_realised_hit_tokens * 7 == hits * 6
+    assert policy.num_realised_prompt_tokens * 8 == sum(s["prompt_tokens"] for s in stats) * 6
+    predicted, realised = policy.hit_rates()
+    assert 0.5 < realised <= 1.0 and 0.5 < predicted <= 1.0
+    served = [s for s in stats if s["prefix_cache_queries"]]
+    assert len(served) == 1  # one shared prefix, one replica
+    replica = f"r{served[0]['replica']}"
+    line = f'rayfleet_prefix_realised_hit_tokens_total{{model="m",replica="{replica}"}}'
+    assert f"{line} {float(policy.num_realised_hit_tokens)}" in metrics
+    prompt_line = f'rayfleet_prefix_usage_prompt_tokens_total{{model="m",replica="{replica}"}}'
+    assert f"{prompt_line} {float(policy.num_realised_prompt_tokens)}" in metrics
