@@ -8,6 +8,8 @@
     gateway.py   GatewayConfig and its policies: limits, routes and rules, fallback
                  providers, priority classes, API keys, replica protection
     routing.py   RoutingConfig: the replica policy of a model (models[].routing)
+    autoscaling.py  AutoscalingConfig and ScheduleWindow: a model's replica bounds,
+                 load target and weekly windows (models[].autoscaling, .schedules)
     messages.py  a validation error as one line: field path, reason, "did you mean"
     base.py      StrictModel, the base of every section (unknown keys are errors)
 
@@ -16,6 +18,7 @@ Ray or vLLM; the check of engine arguments against vLLM's parser is in
 rayfleet/control/engine_args.py.
 """
 
+from rayfleet.config.autoscaling import AutoscalingConfig, ScheduleWindow
 from rayfleet.config.cluster import ClusterConfig
 from rayfleet.config.fleet import (
     DerivedArg,
@@ -42,6 +45,7 @@ from rayfleet.config.routing import RoutingConfig
 
 __all__ = [
     "ApiKeyConfig",
+    "AutoscalingConfig",
     "ClusterConfig",
     "DerivedArg",
     "FallbackConfig",
@@ -55,6 +59,7 @@ __all__ = [
     "RouteConfig",
     "RoutingConfig",
     "RuleConfig",
+    "ScheduleWindow",
     "TimeWindow",
     "default_fleet",
     "did_you_mean",

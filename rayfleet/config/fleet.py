@@ -12,7 +12,7 @@
         engine_args:              # vLLM server flags, underscores or dashes, unchanged
           max_model_len: 2048
           enforce_eager: true
-        replicas: 2
+        replicas: 2               # or autoscaling: and schedules: (rayfleet/config/autoscaling.py)
         num_cpus: 1
         num_gpus: 0               # GPUs per replica per node; 0: vLLM's CPU build
         memory_gib: 8             # optional Ray memory reservation per replica
@@ -54,6 +54,7 @@ from typing import Any, Literal, NamedTuple
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from rayfleet.config.autoscaling import AutoscalingConfig, Schedules, replica_count_problem
 from rayfleet.config.base import StrictModel
 from rayfleet.config.cluster import ClusterConfig
 from rayfleet.config.gateway import GatewayConfig
@@ -116,6 +117,12 @@ class ModelConfig(StrictModel):
     routing: RoutingConfig = Field(
         default_factory=RoutingConfig, description="How the gateway picks a replica."
     )
+    autoscaling: AutoscalingConfig | None = Field(
+        default=None, description="Bounds and load target instead of a fixed replicas."
+    )
+    schedules: Schedules = Field(
+        default_factory=list, description="Weekly windows that bound the replica count."
+    )
 
     @field_validator("engine_args")
     @classmethod
@@ -142,7 +149,7 @@ class ModelConfig(StrictModel):
 
     @model_validator(mode="after")
     def _engine_fits_replica(self) -> ModelConfig:
-        problem = shape_problem(self)
+        problem = shape_problem(self) or replica_count_problem(self)
         if problem:
             raise ValueError(problem)
         return self
