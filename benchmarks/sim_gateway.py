@@ -1,0 +1,105 @@
+"""The gateway in front of fixed replica URLs, in a process of its own (for the routing and
+gateway-capacity benchmarks), and the small readers those benchmarks share.
+
+    with GatewayProcess(urls, model="sim", policy="prefix", cpu=3) as gateway:
+        gateway.url             # http://127.0.0.1:<port>, once /health answers
+        gateway.pid             # for psutil's cpu_times
+        gateway.metrics()       # its /metrics as text
+    python benchmarks/sim_gateway.py URLS_JSON MODEL POLICY   # prints the port, serves
+
+The gateway process takes the URLs as a static replica source (registry-style entries,
+``pid`` the replica's index) and the model's ``routing`` as ``RoutingConfig(policy=...)``;
+it runs on uvloop, as ``rayfleet up`` serves it, pinned to ``cpu`` when given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from typing import Any
+
+
+class GatewayProcess:
+    def __init__(self, urls: list[str], model: str, policy: str, cpu: int | None = None):
+        self.urls, self.model, self.policy, self.cpu = urls, model, policy, cpu
+        self.url = ""
+        self.pid = 0
+
+    def __enter__(self) -> GatewayProcess:
+        argv = [sys.executable, __file__, json.dumps(self.urls), self.model, self.policy]
+        argv.append(str(self.cpu) if self.cpu is not None else "")
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, process_group=0)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the gateway process exited ({self.proc.wait()}) before serving")
+        self.url = f"http://127.0.0.1:{int(line)}"
+        self.pid = self.proc.pid
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as response:
+            return str(response.read().decode())
+
+
+def get_json(url: str, method: str = "GET") -> Any:
+    request = urllib.request.Request(url, method=method)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """The sum of a Prometheus metric's samples whose labels include ``labels``."""
+    total = 0.0
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name)] in "{ ":
+            head, _, value = line.rpartition(" ")
+            if all(w in head for w in wanted):
+                total += float(value)
+    return total
+
+
+def _serve(urls: list[str], model: str, policy: str) -> None:
+    import uvloop
+
+    from rayfleet.config import RoutingConfig
+    from rayfleet.gateway.app import Gateway, start_gateway
+    from rayfleet.gateway.policies import Policies
+
+    entries = [
+        {"replica_id": f"r{i}", "model": model, "url": url, "pid": i + 1}
+        for i, url in enumerate(urls)
+    ]
+
+    async def source() -> list[dict[str, Any]]:
+        return entries
+
+    async def main() -> None:
+        policies = Policies.plain([model])
+        policies.routing = {model: RoutingConfig(policy=policy)}  # type: ignore[arg-type]
+        runner = await start_gateway(Gateway([model], source, policies=policies), "127.0.0.1", 0)
+        print(runner.addresses[0][1], flush=True)
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        await runner.cleanup()
+
+    uvloop.run(main())
+
+
+if __name__ == "__main__":
+    _urls, _model, _policy, _cpu = sys.argv[1:5]
+    if _cpu:
+        os.sched_setaffinity(0, {int(_cpu)})
+    _serve(json.loads(_urls), _model, _policy)
