@@ -1,0 +1,154 @@
+"""How many requests a second one gateway process relays, in front of 64 simulated replicas.
+
+    .venv/bin/python benchmarks/gateway_capacity.py [--rates 200,400,800] [--duration-s 10]
+    python benchmarks/gateway_capacity.py --rates 1000,2000,3000,4000,5000   # 16 cores
+
+The replicas are ``rayfleet sim`` with every step cost 0 (so the simulator is not the
+limit), all in one process; the gateway (least_load, the default policy) runs in a process
+of its own (sim_gateway.py); the load client is ``rayfleet bench``'s runner with
+``--client-processes`` processes, sending Poisson arrivals of streamed completions of 16
+tokens. On a machine of more than 2 cores each gets cores of its own: the gateway core 0,
+the simulator core 1, the client the rest (``os.sched_setaffinity``); on 2 cores they
+share, and the numbers are indicative only.
+
+For each rate, the same load goes first straight to one simulated replica (the
+simulator's own TTFT: the same process and loop serve it) and then through the gateway.
+Printed per rate: achieved req/s, TTFT p50 and p99 direct and through the gateway, p99's
+difference (the goal: under 5 ms at 5,000 req/s per gateway core), and the gateway's
+CPU per request (user + system from psutil, over the run). The saturation rate is the
+first at which the gateway achieves less than 95% of the offered rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sim_gateway import GatewayProcess
+
+from rayfleet.bench.client import Target
+from rayfleet.bench.datasets import Prompt
+from rayfleet.bench.load import LoadShape
+from rayfleet.bench.runner import RunOutput, run_load
+from rayfleet.sim.fleet import SimFleetProcess
+from rayfleet.sim.spec import EngineSpec
+
+MODEL = "sim"
+OUTPUT_TOKENS = 16
+ZERO_COST = EngineSpec(
+    model=MODEL, step_s=0.0, prefill_token_s=0.0, decode_seq_s=0.0, request_overhead_s=0.0
+)
+
+
+def placement() -> tuple[int | None, set[int] | None, set[int] | None]:
+    """(gateway core, simulator cores, client cores), or Nones on 2 cores or fewer."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) <= 2:
+        return None, None, None
+    return cores[0], {cores[1]}, set(cores[2:])
+
+
+def run(target: Target, rate: float, duration_s: float, processes: int, seed: int) -> RunOutput:
+    num = max(int(rate * duration_s), 1)
+    prompts = [Prompt(f"request {i} " + "word " * 12, 16, OUTPUT_TOKENS) for i in range(num)]
+    shape = LoadShape(request_rate=rate, seed=seed)
+    return run_load(target, prompts, shape, num_processes=processes)
+
+
+def summary(output: RunOutput) -> dict[str, float]:
+    ok = [r for r in output.results if r.ok]
+    ttft_ms = np.array([r.ttft_s for r in ok] or [np.nan]) * 1e3
+    return {
+        "achieved_rps": len(ok) / output.duration_s if output.duration_s else 0.0,
+        "num_failed": len(output.results) - len(ok),
+        "ttft_p50_ms": float(np.percentile(ttft_ms, 50)),
+        "ttft_p99_ms": float(np.percentile(ttft_ms, 99)),
+    }
+
+
+def cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+def measure(args: argparse.Namespace) -> list[dict]:
+    gateway_cpu, sim_cpus, client_cpus = placement()
+    rows = []
+    with SimFleetProcess(ZERO_COST, args.replicas) as fleet:
+        if sim_cpus is not None and fleet.proc is not None:
+            os.sched_setaffinity(fleet.proc.pid, sim_cpus)
+        if client_cpus is not None:
+            os.sched_setaffinity(0, client_cpus)  # the client's worker processes inherit it
+        with GatewayProcess(fleet.urls, MODEL, "least_load", cpu=gateway_cpu) as gateway:
+            direct_target = Target(fleet.urls[0], "/v1/completions", MODEL)
+            gateway_target = Target(gateway.url, "/v1/completions", MODEL)
+            run(gateway_target, 100, 2, 1, args.seed)  # warm the gateway's connections
+            for rate in args.rates:
+                direct = summary(
+                    run(direct_target, rate, args.duration_s, args.client_processes, args.seed)
+                )
+                before = cpu_s(gateway.pid)
+                output = run(
+                    gateway_target, rate, args.duration_s, args.client_processes, args.seed
+                )
+                used_s = cpu_s(gateway.pid) - before
+                through = summary(output)
+                row = {
+                    "rate": rate,
+                    "direct": direct,
+                    "gateway": through,
+                    "gateway_cpu_us_per_request": 1e6 * used_s / max(len(output.results), 1),
+                    "gateway_cpu_share": used_s / output.duration_s,
+                }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print(
+        f"\n{'offered':>8s} {'achieved':>9s} {'TTFT p50':>9s} {'p99':>8s} {'sim p99':>8s} "
+        f"{'p99 extra':>9s} {'CPU/req':>9s} {'gw core':>8s}"
+    )
+    saturation = None
+    for row in rows:
+        gw, direct = row["gateway"], row["direct"]
+        extra = gw["ttft_p99_ms"] - direct["ttft_p99_ms"]
+        print(
+            f"{row['rate']:8.0f} {gw['achieved_rps']:9.0f} {gw['ttft_p50_ms']:8.2f}m "
+            f"{gw['ttft_p99_ms']:7.2f}m {direct['ttft_p99_ms']:7.2f}m {extra:8.2f}m "
+            f"{row['gateway_cpu_us_per_request']:7.0f}us {row['gateway_cpu_share']:7.0%}"
+        )
+        if saturation is None and gw["achieved_rps"] < 0.95 * row["rate"]:
+            saturation = row["rate"]
+    where = f"{saturation:g} req/s" if saturation else "not reached at these rates"
+    print(f"saturation (achieved < 95% of offered): {where}; cores here: {os.cpu_count()}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--rates", default="200,400,800", type=lambda text: [float(r) for r in text.split(",")]
+    )
+    parser.add_argument("--duration-s", type=float, default=10.0)
+    parser.add_argument("--replicas", type=int, default=64)
+    parser.add_argument("--client-processes", type=int, default=max(1, (os.cpu_count() or 1) - 2))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("results/gateway_capacity.json"))
+    args = parser.parse_args()
+    rows = measure(args)
+    print_table(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
