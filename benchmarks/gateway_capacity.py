@@ -90,7 +90,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
         with GatewayProcess(fleet.urls, MODEL, "least_load", cpu=gateway_cpu) as gateway:
             direct_target = Target(fleet.urls[0], "/v1/completions", MODEL)
             gateway_target = Target(gateway.url, "/v1/completions", MODEL)
-            run(gateway_target, 100, 2, 1, args.seed)  # warm the gateway's connections
+            for target in (direct_target, gateway_target):  # connections made, code warm
+                run(target, 100, 2, args.client_processes, args.seed)
             for rate in args.rates:
                 direct = summary(
                     run(direct_target, rate, args.duration_s, args.client_processes, args.seed)
