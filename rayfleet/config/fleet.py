@@ -108,6 +108,12 @@ class ModelConfig(StrictModel):
         "bundle per node, each on a distinct node; num_cpus, num_gpus and memory_gib are per "
         "node, and tensor x pipeline parallel size must divide evenly among the nodes.",
     )
+    drain_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Longest a leaving replica (scale-in, apply, down) waits for its requests "
+        "in flight to finish after the gateway stops sending it new ones.",
+    )
     startup_timeout_s: float = Field(
         default=900.0, gt=0, description="Longest a replica may take to load its model."
     )

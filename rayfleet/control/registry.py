@@ -8,8 +8,10 @@ returns the live entries: a replica whose heartbeats stopped for ``stale_after_s
 (its process was killed outright, its node died) drops out by itself.
 ``claim_core`` spreads the CPU engines of one node over its cores.
 
-An entry: ``{"replica_id", "model", "url", "node_id", "node_ip", "pid", "ranks"}``, as
-the gateway's ``ReplicaSet.update`` reads it; ``ranks`` lists ``{"rank", "node_id",
+An entry: ``{"replica_id", "model", "url", "node_id", "node_ip", "pid", "ranks",
+"state"}``, as the gateway's ``ReplicaSet.update`` reads it; ``state`` is ``serving``,
+or ``draining`` once the replica is leaving (``set_state``: the gateway sends it no new
+requests); ``ranks`` lists ``{"rank", "node_id",
 "node_ip", "pid"}`` for each node the replica's engine runs on (rank 0 first).
 """
 
@@ -53,6 +55,15 @@ class FleetRegistry:
     def register(self, entry: Entry) -> None:
         self._entries[entry["replica_id"]] = dict(entry)
         self._seen[entry["replica_id"]] = time.monotonic()
+
+    def set_state(self, replica_id: str, state: str) -> bool:
+        """Mark a replica ``serving`` or ``draining``; False when it is unknown."""
+        entry = self._entries.get(replica_id)
+        if entry is None:
+            return False
+        entry["state"] = state
+        self._seen[replica_id] = time.monotonic()
+        return True
 
     def heartbeat(self, replica_id: str) -> bool:
         """False when the replica is unknown (the registry restarted): it should register."""

@@ -11,8 +11,9 @@ Lifecycle of one replica (Ray Serve owns it: placement, restarts, scaling)::
                   be alive and answer /health, and every rank must run; then heartbeat
                   the registry. A dead server or rank deregisters, stops the rest and
                   raises, so Serve replaces the replica.
-    __del__       deregister and stop the server and its ranks (Serve calls it on
-                  graceful stop).
+    __del__       drain (control/drain.py: out of the gateway's rotation, then wait
+                  for the requests in flight), deregister, and stop the server and
+                  its ranks (Serve calls it on every graceful stop).
 
 Tokens never pass through this actor: the gateway talks to the vLLM server directly.
 
@@ -40,6 +41,7 @@ from ray import serve
 from ray.serve import Application
 
 from rayfleet.config import ModelConfig
+from rayfleet.control.drain import drain
 from rayfleet.control.engine import EngineProcess
 from rayfleet.control.placement import replica_demand
 from rayfleet.control.ranks import SpanningRanks, engine_env
@@ -51,16 +53,19 @@ HEALTH_CHECK_TIMEOUT_S = 15.0
 GRACEFUL_SHUTDOWN_TIMEOUT_S = 30.0
 
 
-def deployment_options(model: ModelConfig) -> dict[str, Any]:
+def deployment_options(model: ModelConfig, num_replicas: int | None = None) -> dict[str, Any]:
     """Ray Serve options for the deployment that serves ``model``: what ``replica_demand``
-    says a replica asks for, the same demand ``rayfleet up --dry-run`` prints."""
+    says a replica asks for, the same demand ``rayfleet up --dry-run`` prints, and
+    ``num_replicas`` (the model's ``replicas`` unless the fleet's scaler says otherwise;
+    changing only it never restarts a replica)."""
     demand = replica_demand(model)
     options: dict[str, Any] = {
         "name": model.name,
-        "num_replicas": model.replicas,
+        "num_replicas": model.replicas if num_replicas is None else num_replicas,
         "health_check_period_s": HEALTH_CHECK_PERIOD_S,
         "health_check_timeout_s": HEALTH_CHECK_TIMEOUT_S,
-        "graceful_shutdown_timeout_s": GRACEFUL_SHUTDOWN_TIMEOUT_S,
+        # A leaving replica drains first (control/drain.py); Serve must not kill it sooner.
+        "graceful_shutdown_timeout_s": model.drain_timeout_s + GRACEFUL_SHUTDOWN_TIMEOUT_S,
         "graceful_shutdown_wait_loop_s": 0.5,
         # A server that cannot start fails the same way every time: report it, do not loop.
         "max_constructor_retry_count": 2,
@@ -100,6 +105,7 @@ class VLLMReplica:
         self.engine_args = engine_args
         context = serve.get_replica_context()
         self.replica_id = f"{self.model.name}#{context.replica_id.unique_id}"
+        self.app = context.app_name  # the model's name, or its green side during a rollout
         self.node_id = ray.get_runtime_context().get_node_id()
         self.node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         # Any: Ray's handle types do not know FleetRegistry's methods.
@@ -114,6 +120,8 @@ class VLLMReplica:
             "node_ip": self.node_ip,
             "pid": self.engine.pid,
             "ranks": self._rank_entries(),
+            "state": "serving",
+            "app": self.app,
         }
         ray.get(self.registry.register.remote(self.entry))
         log.info("replica %s serving %s at %s", self.replica_id, self.model.name, self.engine.url)
@@ -180,11 +188,22 @@ class VLLMReplica:
         _call(self.registry.deregister, self.replica_id)
 
     def __del__(self) -> None:
+        """A planned stop (scale-in, apply, down): drain, then stop everything."""
         try:
-            self._deregister()
+            engine = getattr(self, "engine", None)
+            if engine is not None:
+                result = drain(
+                    engine,
+                    lambda: _call(self.registry.set_state, self.replica_id, "draining"),
+                    self.model.drain_timeout_s,
+                )
+                log.info("replica %s drained: %s", self.replica_id, result)
         finally:
-            if hasattr(self, "ranks"):
-                self._stop_all(getattr(self, "engine", None), grace_s=15.0)
+            try:
+                self._deregister()
+            finally:
+                if hasattr(self, "ranks"):
+                    self._stop_all(getattr(self, "engine", None), grace_s=15.0)
 
 
 def _call(method: Any, *args: Any, timeout_s: float = 5.0) -> Any:
@@ -199,11 +218,18 @@ def _call(method: Any, *args: Any, timeout_s: float = 5.0) -> Any:
 
 
 def build_application(
-    model: ModelConfig, engine_args: dict[str, Any], *, advertise_host: str | None, log_dir: Path
+    model: ModelConfig,
+    engine_args: dict[str, Any],
+    *,
+    advertise_host: str | None,
+    log_dir: Path,
+    num_replicas: int | None = None,
 ) -> Application:
     """The Ray Serve application that serves one model, its servers started with
-    ``engine_args`` (``FleetConfig.engine_args_for(model)``)."""
-    deployment = VLLMReplica.options(**deployment_options(model))  # type: ignore[attr-defined]
+    ``engine_args`` (``FleetConfig.engine_args_for(model)``). The same arguments give the
+    same deployment version, so a new ``num_replicas`` only adds or removes replicas."""
+    options = deployment_options(model, num_replicas)
+    deployment = VLLMReplica.options(**options)  # type: ignore[attr-defined]
     app: Application = deployment.bind(
         model.model_dump(exclude_unset=True), engine_args, advertise_host, str(log_dir)
     )

@@ -8,6 +8,8 @@ Data flow (app.py has admitted the request; policies.py decided where it may go)
             ReplicaSet.candidates(model)   healthy, not draining, not tried yet
             ReplicaPolicy.pick             per model; LeastLoad: fewest in flight, ties
                                            round-robin (replica_policy.py, least_load.py)
+            no replica of an elastic model  -> held until one serves (hold_s), unless
+                                           a provider takes it (scale from zero)
             first pick over the queue depth          -> fallback provider
             Attempts.run(replica)          the relay (relay_pool.py) for http:// replicas,
                                            aiohttp's client otherwise (upstream.py)
@@ -56,8 +58,13 @@ class Dispatcher:
         replica_policies: Mapping[str, ReplicaPolicy],
         *,
         relay: bool = True,
+        hold_s: Mapping[str, float] | None = None,
     ):
         self.replica_set = replica_set
+        # Models whose capacity comes and goes (autoscaling, windows): a request that finds
+        # no replica waits up to this long for one instead of a 503.
+        self.hold_s = dict(hold_s or {})
+        self.waiting: dict[str, int] = {}  # requests held now, per model (scaling signal)
         self.policies = policies
         self.metrics = metrics
         self.limits = limits
@@ -112,8 +119,13 @@ class Dispatcher:
         info = RequestInfo(journey.path, model, admission.body, journey.request.headers)
         policy = self.replica_policies[model]
         tried: list[str] = []
+        held = False
         while len(tried) < _MAX_REPLICAS_TRIED:
             replica = policy.pick(info, self.replica_set.candidates(model, tried))
+            if replica is None and not tried and not held:
+                held = True  # once per request: the hold is its whole wait
+                if await self._held(journey, model):
+                    continue
             if replica is None:
                 break
             if (
@@ -133,6 +145,22 @@ class Dispatcher:
             if not isinstance(result, Unanswered):
                 return result
         return await self._unserved(journey, model, tried)
+
+    async def _held(self, journey: Journey, model: str) -> bool:
+        """Hold a request while ``model`` has no replica (scale from zero, a window, a
+        replacement starting), unless a provider takes it at once; True when a replica
+        appeared in time."""
+        hold_s = self.hold_s.get(model, 0.0)
+        if hold_s <= 0 or (
+            self.policies.fallback.on_no_replica
+            and self.policies.fallback_for(journey.admission) is not None
+        ):
+            return False
+        self.waiting[model] = self.waiting.get(model, 0) + 1
+        try:
+            return await self.replica_set.wait_for_candidates(model, hold_s)
+        finally:
+            self.waiting[model] -= 1
 
     async def _unserved(self, journey: Journey, model: str, tried: list[str]) -> web.StreamResponse:
         """No replica answered: the fallback provider when allowed, else an error."""

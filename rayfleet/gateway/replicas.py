@@ -11,12 +11,16 @@ draining, not already tried; a ``ReplicaPolicy`` (replica_policy.py) picks among
 rotation for ``cooldown_s`` once it has failed ``max_consecutive_failures`` times in
 a row, so that a dead server is not picked again before the registry notices it;
 after the cool-down it is tried again, and one more failure sends it straight back
-(one success resets the count). A replica whose ``draining`` flag is set finishes
-what it has in flight and gets nothing new.
+(one success resets the count). A replica whose ``draining`` flag is set (its registry
+entry's ``state``) finishes what it has in flight and gets nothing new.
+``wait_for_candidates(model, timeout_s)`` waits for a replica to send to, for requests
+the gateway holds while a model has no capacity (scale from zero, a window).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
@@ -34,6 +38,7 @@ class Replica:
     node_ip: str = ""
     pid: int = 0
     ranks: tuple[dict[str, Any], ...] = ()  # each node of an engine that spans nodes
+    app: str = ""  # the Serve application it belongs to (two during a rollout)
     num_inflight: int = 0
     num_consecutive_failures: int = 0
     cooldown_until: float = 0.0
@@ -51,6 +56,7 @@ class Replica:
             "node_ip": self.node_ip,
             "pid": self.pid,
             "ranks": list(self.ranks),
+            "app": self.app,
             "healthy": self.healthy(now),
             "draining": self.draining,
             "inflight": self.num_inflight,
@@ -68,6 +74,14 @@ class ReplicaSet:
         self.max_consecutive_failures = max_consecutive_failures
         self._by_model: dict[str, list[Replica]] = {m: [] for m in self.models}
         self._by_id: dict[str, Replica] = {}
+        self._updated = asyncio.Event()  # set (and replaced) by every update
+
+    def set_models(self, models: Iterable[str]) -> None:
+        """Track ``models`` from now on; replicas of a model dropped are forgotten at the
+        next ``update``."""
+        self.models = list(models)
+        for model in self.models:
+            self._by_model.setdefault(model, [])
 
     def update(self, entries: Iterable[Entry]) -> None:
         fresh: dict[str, Replica] = {}
@@ -87,12 +101,29 @@ class ReplicaSet:
                     node_ip=entry.get("node_ip", ""),
                     pid=entry.get("pid", 0),
                     ranks=tuple(entry.get("ranks", ())),
+                    app=entry.get("app", ""),
                 )
+            # A leaving replica finishes what it has; the gateway sends it nothing new.
+            fresh[entry["replica_id"]].draining = entry.get("state") == "draining"
         self._by_id = fresh
         by_model: dict[str, list[Replica]] = {m: [] for m in self.models}
         for replica in fresh.values():
             by_model[replica.model].append(replica)
         self._by_model = by_model
+        self._updated.set()
+        self._updated = asyncio.Event()
+
+    async def wait_for_candidates(self, model: str, timeout_s: float) -> bool:
+        """Wait until ``model`` has a replica to send to (after a membership update);
+        False when ``timeout_s`` passes first."""
+        deadline = time.monotonic() + timeout_s
+        while not self.candidates(model):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._updated.wait(), remaining)
+        return True
 
     def replicas(self, model: str | None = None) -> list[Replica]:
         if model is None:
@@ -100,8 +131,9 @@ class ReplicaSet:
         return list(self._by_model.get(model, ()))
 
     def num_healthy(self, model: str) -> int:
+        """Replicas of ``model`` serving now: healthy and not draining."""
         now = time.monotonic()
-        return sum(r.healthy(now) for r in self._by_model.get(model, ()))
+        return sum(r.healthy(now) and not r.draining for r in self._by_model.get(model, ()))
 
     def candidates(self, model: str, exclude: Collection[str] = ()) -> list[Replica]:
         """The replicas of ``model`` a request may go to now: healthy, not draining, and

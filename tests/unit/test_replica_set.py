@@ -49,19 +49,35 @@ def test_exclude_and_cooldown():
     assert a.num_consecutive_failures == 0
 
 
-def test_a_draining_replica_is_never_picked_and_keeps_its_flag():
+def test_a_draining_replica_is_never_picked_and_follows_its_registry_state():
     rs, policy = ReplicaSet(["m"]), LeastLoad()
     rs.update(entries("a", "b"))
     a, b = rs.replicas("m")
-    a.draining = True
+    draining = entries("a", "b")
+    draining[0]["state"] = "draining"
+    rs.update(draining)
+    assert a.draining and a.as_dict(0.0)["draining"]
     rs.begin(b), rs.begin(b)  # even when it is the least loaded
     assert all(pick(rs, policy) is b for _ in range(4))
     assert rs.candidates("m") == [b]
-    rs.update(entries("a", "b"))
-    assert a.draining and a.as_dict(0.0)["draining"]
-    b.draining = True
-    assert pick(rs, policy) is None
-    assert rs.num_healthy("m") == 2  # draining is not unhealthy: /health still counts it
+    assert rs.num_healthy("m") == 1  # a leaving replica is not capacity
+    draining[1]["state"] = "draining"
+    rs.update(draining)
+    assert pick(rs, policy) is None and rs.num_healthy("m") == 0
+
+
+def test_wait_for_candidates_returns_when_a_replica_arrives():
+    import asyncio
+
+    async def main() -> tuple[bool, bool]:
+        rs = ReplicaSet(["m"])
+        none_yet = await rs.wait_for_candidates("m", 0.05)
+        waiter = asyncio.create_task(rs.wait_for_candidates("m", 30))
+        await asyncio.sleep(0)
+        rs.update(entries("a"))
+        return none_yet, await waiter
+
+    assert asyncio.run(main()) == (False, True)
 
 
 def test_update_keeps_counts_and_drops_gone_replicas():
