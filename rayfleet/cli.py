@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from rayfleet.bench.command import app as bench_app
-from rayfleet.control.command import down, status, up
+from rayfleet.control.command import apply, down, scale, status, up
 from rayfleet.doctor.command import doctor
 from rayfleet.errors import RayfleetError
 from rayfleet.gateway.command import app as keys_app
@@ -29,6 +29,8 @@ app = typer.Typer(
 app.command()(up)
 app.command()(status)
 app.command()(down)
+app.command()(apply)
+app.command()(scale)
 app.command()(plan)
 app.command()(doctor)
 app.add_typer(models_app, name="models")

@@ -153,14 +153,24 @@ def _print_status(report: dict[str, Any]) -> None:
             n["node_id"][:12], n["ip"], str(n["alive"]), f"{n['cpus']:g}", f"{n['gpus']:g}"
         )
     out.print(nodes)
-    models = Table("model", "healthy replicas", "serve status", title="models")
+    models = Table("model", "serving", "target", "window", "serve status", title="models")
     apps = report.get("applications", {})
+    scaling = report.get("scaling", {})
     for name, healthy in report.get("models", {}).items():
-        models.add_row(name, str(healthy), apps.get(name, {}).get("status", "?"))
+        scaled = scaling.get(name, {})
+        models.add_row(
+            name,
+            str(healthy),
+            str(scaled.get("target", "?")),
+            scaled.get("window") or "-",
+            apps.get(name, {}).get("status", "?"),
+        )
     out.print(models)
     replicas = Table("replica", "node", "url", "pid", "health", "in flight", title="replicas")
     for r in report.get("replicas", []):
-        health = "[green]healthy[/]" if r["healthy"] else "[yellow]cooling down[/]"
+        health = "[green]serving[/]" if r["healthy"] else "[yellow]cooling down[/]"
+        if r.get("draining"):
+            health = "[cyan]draining[/]"
         replicas.add_row(
             r["replica_id"], _node(r), r["url"], str(r["pid"]), health, str(r["inflight"])
         )
@@ -185,3 +195,54 @@ def down(
 
     lifecycle.stop_fleet(lifecycle.running_state(), timeout_s, say=_say)
     _say("fleet stopped")
+
+
+def scale(
+    model: str = typer.Argument(..., help="The model to scale."),
+    replicas: int = typer.Argument(..., min=0, help="The fixed replica count from now on."),
+) -> None:
+    """Set a model's replica count on the running fleet, without editing fleet.yaml.
+
+    The count must lie within the model's bounds now (its schedule window, if one is
+    active). It holds until `rayfleet apply` changes the model's replicas or autoscaling;
+    replicas leaving drain first, so no request is cut.
+    """
+    from rayfleet.control import lifecycle
+
+    state = lifecycle.running_state()
+    lifecycle.admin_call(state, "/rayfleet/scale", {"model": model, "replicas": replicas})
+    _say(f"model '{model}': target {replicas} replica(s); `rayfleet status` shows progress")
+
+
+def apply(
+    config_path: Path = typer.Option(
+        ..., "-c", "--config", help="The new fleet.yaml for the running fleet."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the diff; change nothing."),
+) -> None:
+    """Bring the running fleet to a new fleet.yaml, with no request lost.
+
+    Prints the diff per model, then applies it: scaling changes keep every replica (same
+    vLLM processes); changed engine arguments or source roll blue/green (new replicas
+    serve before the old ones drain); added models start, removed ones drain. A file that
+    fails validation changes nothing.
+    """
+    from rayfleet.config import load_fleet
+    from rayfleet.control import lifecycle
+
+    load_fleet(config_path)  # a bad file fails here, in one line, before the fleet sees it
+    state = lifecycle.running_state()
+    body = {"config": config_path.read_text(), "dry_run": dry_run}
+    if not dry_run:
+        preview = lifecycle.admin_call(state, "/rayfleet/apply", {**body, "dry_run": True})
+        for line in preview["diff"]["lines"]:
+            _say(line)
+    answer = lifecycle.admin_call(state, "/rayfleet/apply", body)
+    if dry_run:
+        for line in answer["diff"]["lines"]:
+            _say(line)
+        _say("dry run: nothing changed")
+        return
+    for step in answer["steps"]:
+        _say(step)
+    _say("applied" if answer["applied"] else "nothing to apply")

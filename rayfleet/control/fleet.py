@@ -15,6 +15,8 @@ started is gone. It keeps the run-state file (rayfleet/control/state.py) current
                          clear error when Serve reports a deployment failed or Ray
                          still holds a replica's placement group back at
                          cluster.placement_timeout_s (rayfleet/control/scheduling.py)
+    scale                every second, each model's target replica count from its
+                         load and windows (rayfleet/control/scaling.py), set in Serve
     ... serve until a signal ...
     shutdown             gateway, Serve (replicas stop their vLLM servers), then any
                          vLLM process group still alive, then Ray
@@ -25,17 +27,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayfleet._home import rayfleet_home
 from rayfleet.config import FleetConfig
+from rayfleet.control.apply import ApplyResult
+from rayfleet.control.deploy import (
+    cluster_status,
+    connect_ray,
+    deploy,
+    failed_deployments,
+    registry_entries,
+    set_replicas,
+)
 from rayfleet.control.engine import kill_process_group
+from rayfleet.control.scaling import Clock, FleetScaler
 from rayfleet.control.scheduling import refuse_unplaceable, stalled_placement
 from rayfleet.control.state import RunState, clear_state
 from rayfleet.errors import RayfleetError
@@ -49,99 +59,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("rayfleet.fleet")
 
 Say = Callable[[str], None]
-
-
-def connect_ray(config: FleetConfig) -> str:
-    """Start or join Ray; returns the address used."""
-    from rayfleet.cluster import LOCAL, connect
-    from rayfleet.control.registry import NAMESPACE
-
-    address = config.cluster.address
-    num_cpus = None
-    if address == LOCAL:  # enough logical CPUs for every replica, and two to spare
-        needed = sum(m.num_cpus * m.replicas for m in config.models)
-        num_cpus = config.cluster.num_cpus or max(os.cpu_count() or 1, math.ceil(needed) + 2)
-    connect(
-        address,
-        hint="or set cluster.address to 'local' for an embedded Ray",
-        namespace=NAMESPACE,
-        num_cpus=num_cpus,
-        logging_level=logging.WARNING,
-    )
-    return address
-
-
-def deploy(config: FleetConfig, log_dir: Path) -> ActorHandle[Any]:
-    """Deploy every model; returns the registry handle, which the caller must keep alive."""
-    from ray import serve
-    from ray.serve.api import RunTarget
-
-    from rayfleet.control.registry import get_or_create_registry
-    from rayfleet.control.replica import build_application
-
-    serve.start(proxy_location="Disabled")
-    registry = get_or_create_registry()
-    advertise = "127.0.0.1" if config.cluster.address == "local" else None
-    targets = [
-        RunTarget(
-            build_application(
-                m, config.engine_args_for(m), advertise_host=advertise, log_dir=log_dir
-            ),
-            name=m.name,
-            route_prefix=None,
-        )
-        for m in config.models
-    ]
-    serve.run_many(
-        targets, wait_for_ingress_deployment_creation=False, wait_for_applications_running=False
-    )
-    return registry
-
-
-def failed_deployments(config: FleetConfig) -> dict[str, str]:
-    """Models whose Serve application failed to deploy, with Serve's message."""
-    from ray import serve
-
-    apps = serve.status().applications
-    failed: dict[str, str] = {}
-    for model in config.models:
-        app = apps.get(model.name)
-        if app is not None and app.status == "DEPLOY_FAILED":
-            details = [d.message for d in app.deployments.values() if d.message]
-            failed[model.name] = "\n".join([app.message, *details])
-    return failed
-
-
-async def registry_entries() -> list[Entry]:
-    from rayfleet.control.registry import get_registry
-
-    entries: list[Entry] = await get_registry().entries.remote()
-    return entries
-
-
-async def cluster_status() -> dict[str, Any]:
-    """Nodes and Serve application states, for GET /rayfleet/status."""
-    import ray
-    from ray import serve
-
-    def collect() -> dict[str, Any]:
-        nodes = [
-            {
-                "node_id": n["NodeID"],
-                "ip": n["NodeManagerAddress"],
-                "alive": n["Alive"],
-                "cpus": n.get("Resources", {}).get("CPU", 0),
-                "gpus": n.get("Resources", {}).get("GPU", 0),
-            }
-            for n in ray.nodes()  # type: ignore[no-untyped-call]
-        ]
-        apps = {
-            name: {"status": getattr(app.status, "value", str(app.status)), "message": app.message}
-            for name, app in serve.status().applications.items()
-        }
-        return {"nodes": nodes, "applications": apps}
-
-    return await asyncio.to_thread(collect)
 
 
 class FleetProcess:
@@ -163,6 +80,11 @@ class FleetProcess:
         self.engine_pids: set[int] = set()
         self.node_ip = ""  # this machine's address in the Ray cluster
         self.registry: ActorHandle[Any] | None = None  # keeps the registry actor alive
+        self.scaler: FleetScaler  # made with the gateway it reads
+        self.gateway: Gateway
+        self.apps = {m.name: m.name for m in config.models}  # model -> Serve application
+        self.generation = 0  # of blue/green applications
+        self.apply_lock = asyncio.Lock()
         from rayfleet.gateway.policies import Policies
 
         # Key files and provider keys are read now, so a missing one fails before Ray starts.
@@ -178,12 +100,13 @@ class FleetProcess:
             asyncio.run(self._main())
 
     async def _main(self) -> None:
-        from rayfleet.gateway.app import Gateway, start_gateway
+        from rayfleet.gateway.app import start_gateway
 
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         self.state.save()
         runner = None
+        scaling: asyncio.Task[None] | None = None
         try:
             self.say(f"starting Ray ({self.config.cluster.address})")
             await asyncio.to_thread(connect_ray, self.config)
@@ -191,15 +114,10 @@ class FleetProcess:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
             await asyncio.to_thread(refuse_unplaceable, self.config)
+            gateway = self._gateway()
             self.say(f"deploying {len(self.config.models)} model(s); vLLM logs in {self.log_dir}")
-            self.registry = await asyncio.to_thread(deploy, self.config, self.log_dir)
-            gateway = Gateway(
-                [m.name for m in self.config.models],
-                self._entries,
-                connect_timeout_s=self.config.gateway.connect_timeout_s,
-                request_timeout_s=self.config.gateway.request_timeout_s,
-                status_extra=cluster_status,
-                policies=self.policies,
+            self.registry = await asyncio.to_thread(
+                deploy, self.config, self.log_dir, dict(self.scaler.targets)
             )
             runner = await start_gateway(
                 gateway, self.config.gateway.host, self.config.gateway.port
@@ -212,6 +130,7 @@ class FleetProcess:
                 self.state.phase = "ready"
                 self.state.save()
                 self._banner()
+                scaling = asyncio.create_task(self.scaler.run())
                 await stop.wait()
             else:
                 ready.cancel()
@@ -224,10 +143,65 @@ class FleetProcess:
         finally:
             self.state.phase = "stopping"
             self.state.save()
+            if scaling is not None:
+                scaling.cancel()
             if runner is not None:
                 await runner.cleanup()
             await asyncio.to_thread(self._shutdown)
             clear_state()
+
+    def _gateway(self) -> Gateway:
+        """The gateway, and the scaler that reads it; elastic models hold requests."""
+        from rayfleet.control.admin import admin_routes
+        from rayfleet.gateway.app import Gateway
+
+        config = self.config
+        elastic = [m.name for m in config.models if m.autoscaling or m.schedules]
+        gateway = Gateway(
+            [m.name for m in config.models],
+            self._entries,
+            connect_timeout_s=config.gateway.connect_timeout_s,
+            request_timeout_s=config.gateway.request_timeout_s,
+            status_extra=self._status,
+            policies=self.policies,
+            hold_s={name: config.gateway.request_timeout_s for name in elastic},
+            extra_routes=admin_routes(self),
+        )
+        self.scaler = FleetScaler(config, gateway, self._set_target, Clock.from_env())
+        self.gateway = gateway
+        return gateway
+
+    async def reconfigure_gateway(self, config: FleetConfig, models: list[str]) -> None:
+        from rayfleet.gateway.policies import Policies
+
+        policies = await asyncio.to_thread(Policies.from_fleet, config)
+        hold_s = {
+            m.name: config.gateway.request_timeout_s
+            for m in config.models
+            if m.autoscaling or m.schedules
+        }
+        await self.gateway.reconfigure(models, policies, hold_s)
+
+    async def apply(self, text: str, *, dry_run: bool) -> ApplyResult:
+        """`rayfleet apply`: the new file's diff, carried out unless ``dry_run``."""
+        from rayfleet.control.rollout import apply_text
+
+        return await apply_text(self, text, dry_run)
+
+    async def _set_target(self, model: str, count: int) -> None:
+        await asyncio.to_thread(
+            set_replicas,
+            self.config,
+            self.config.model(model),
+            self.log_dir,
+            count,
+            self.apps[model],
+        )
+
+    async def _status(self) -> dict[str, Any]:
+        status = await cluster_status()
+        status["scaling"] = self.scaler.report()
+        return status
 
     async def _entries(self) -> list[Entry]:
         entries = await registry_entries()
@@ -250,7 +224,7 @@ class FleetProcess:
         started = time.monotonic()
         while True:
             counts = {
-                m.name: (gateway.replica_set.num_healthy(m.name), m.replicas)
+                m.name: (gateway.replica_set.num_healthy(m.name), self.scaler.targets[m.name])
                 for m in self.config.models
             }
             line = ", ".join(f"{name} {have}/{want}" for name, (have, want) in counts.items())
@@ -259,7 +233,7 @@ class FleetProcess:
                 last = line
             if all(have >= want for have, want in counts.values()):
                 return
-            failed = await asyncio.to_thread(failed_deployments, self.config)
+            failed = await asyncio.to_thread(failed_deployments, self.config, self.apps)
             if failed:
                 name, message = next(iter(failed.items()))
                 raise RayfleetError(f"model '{name}' failed to deploy: {_last_lines(message)}")
@@ -280,7 +254,7 @@ class FleetProcess:
         url = self.state.gateway_url
         self.say(f"fleet ready: OpenAI-compatible API at {url}/v1")
         for model in self.config.models:
-            self.say(f"  model '{model.name}': {model.replicas} replica(s)")
+            self.say(f"  model '{model.name}': {self.scaler.targets[model.name]} replica(s)")
         self.say(
             f"  try: curl {url}/v1/models    status: rayfleet status    "
             "stop: Ctrl-C or rayfleet down"

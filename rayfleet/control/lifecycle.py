@@ -230,6 +230,31 @@ def fetch_status(state: RunState) -> dict[str, Any]:
     return report
 
 
+def admin_call(
+    state: RunState, path: str, body: dict[str, Any], timeout_s: float = 3600
+) -> dict[str, Any]:
+    """POST ``body`` to one of the running fleet's admin endpoints (control/admin.py);
+    its refusal (an OpenAI error's message) as a RayfleetError."""
+    request = urllib.request.Request(
+        state.gateway_url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            answer: dict[str, Any] = json.load(resp)
+            return answer
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.load(exc)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = f"HTTP {exc.code}"
+        raise RayfleetError(message) from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise RayfleetError(
+            f"the fleet's gateway at {state.gateway_url} does not answer ({exc}); "
+            f"see logs in {state.log_dir}"
+        ) from None
+
+
 def stop_fleet(state: RunState, timeout_s: float, say: Say = print) -> None:
     """Stop the fleet process (SIGTERM, SIGKILL after ``timeout_s``), then whatever it
     started that is still running, then the vLLM servers it recorded; clear the state."""

@@ -53,6 +53,7 @@ log = logging.getLogger("rayfleet.gateway")
 EntrySource = Callable[[], Awaitable[list[Entry]]]
 StatusExtra = Callable[[], Awaitable[dict[str, Any]]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Route = tuple[str, str, Handler]  # (method, path, handler): the fleet's admin endpoints
 
 _DEFAULT_MAX_BODY_BYTES = 64 * 1024**2
 
@@ -70,6 +71,8 @@ class Gateway:
         status_extra: StatusExtra | None = None,
         policies: Policies | None = None,
         relay: bool = True,
+        hold_s: dict[str, float] | None = None,
+        extra_routes: list[Route] | None = None,
     ):
         self.policies = policies if policies is not None else Policies.plain(models)
         self.replica_set = ReplicaSet(
@@ -88,7 +91,9 @@ class Gateway:
                 for m in models
             },
             relay=relay,
+            hold_s=hold_s,
         )
+        self.extra_routes = list(extra_routes or [])
         self.source = source
         self.status_extra = status_extra
         self.poll_interval_s = poll_interval_s
@@ -110,6 +115,8 @@ class Gateway:
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.prometheus)
         app.router.add_get("/rayfleet/status", self.status)
+        for method, path, handler in self.extra_routes:
+            app.router.add_route(method, path, handler)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -129,6 +136,26 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
         await self.dispatcher.close()
+
+    async def reconfigure(
+        self, models: list[str], policies: Policies, hold_s: dict[str, float]
+    ) -> None:
+        """Serve ``models`` under ``policies`` from now on (``rayfleet apply``). A model
+        kept keeps its replica policy and what it learned; a new one gets its own."""
+        needed = policies.tokenizers_needed()
+        if needed:
+            await asyncio.to_thread(policies.counter.load, needed)
+        kept = self.dispatcher.replica_policies
+        replica_policies = {
+            m: kept.get(m)
+            or build_replica_policy(policies.routing.get(m), model=m, metrics=self.metrics)
+            for m in models
+        }
+        self.dispatcher.replica_policies = replica_policies
+        self.dispatcher.attempts.replica_policies = replica_policies
+        self.policies = self.dispatcher.policies = policies
+        self.dispatcher.hold_s = dict(hold_s)
+        self.replica_set.set_models(models)
 
     async def refresh(self) -> None:
         """Pull replica membership from the source once."""

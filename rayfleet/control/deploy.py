@@ -1,0 +1,157 @@
+"""The fleet on Ray: connect, deploy each model as a Serve application, read its state.
+
+connect_ray(config)                       embedded local Ray, or join the cluster
+deploy(config, log_dir, targets)          Serve (no HTTP proxy: the gateway is the
+                                          ingress), the registry, every model's app
+set_replicas(config, model, log_dir, n, app)
+                                          one model's app again with n replicas: the
+                                          same deployment version, so Serve only adds
+                                          or removes replicas (or a new app: green)
+delete_app(app)                           an app deleted; its replicas drain
+failed_deployments(config)                models whose app failed, with Serve's words
+registry_entries(), cluster_status()      what the gateway and `status` read
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rayfleet.config import FleetConfig, ModelConfig
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+    from rayfleet.control.registry import Entry
+
+
+def connect_ray(config: FleetConfig) -> str:
+    """Start or join Ray; returns the address used."""
+    from rayfleet.cluster import LOCAL, connect
+    from rayfleet.control.registry import NAMESPACE
+
+    address = config.cluster.address
+    num_cpus = None
+    if address == LOCAL:  # enough logical CPUs for every replica, and two to spare
+        needed = sum(m.num_cpus * m.replicas for m in config.models)
+        num_cpus = config.cluster.num_cpus or max(os.cpu_count() or 1, math.ceil(needed) + 2)
+    connect(
+        address,
+        hint="or set cluster.address to 'local' for an embedded Ray",
+        namespace=NAMESPACE,
+        num_cpus=num_cpus,
+        logging_level=logging.WARNING,
+    )
+    return address
+
+
+def deploy(config: FleetConfig, log_dir: Path, targets: dict[str, int]) -> ActorHandle[Any]:
+    """Deploy every model with ``targets[name]`` replicas; returns the registry handle,
+    which the caller must keep alive."""
+    from ray import serve
+
+    from rayfleet.control.registry import get_or_create_registry
+
+    serve.start(proxy_location="Disabled")
+    registry = get_or_create_registry()
+    _run_apps(config, config.models, log_dir, targets)
+    return registry
+
+
+def set_replicas(
+    config: FleetConfig, model: ModelConfig, log_dir: Path, count: int, app: str | None = None
+) -> None:
+    """Run ``model``'s application (``app``, the model's name by default) again with
+    ``count`` replicas; nothing restarts. Also starts a new application under a new name
+    (a blue/green rollout's green side)."""
+    _run_apps(config, [model], log_dir, {model.name: count}, {model.name: app or model.name})
+
+
+def delete_app(app: str) -> None:
+    """Delete a Serve application without waiting: its replicas drain, then stop."""
+    from ray import serve
+
+    serve.delete(app, _blocking=False)
+
+
+def _run_apps(
+    config: FleetConfig,
+    models: list[ModelConfig],
+    log_dir: Path,
+    targets: dict[str, int],
+    apps: dict[str, str] | None = None,
+) -> None:
+    from ray import serve
+    from ray.serve.api import RunTarget
+
+    from rayfleet.control.replica import build_application
+
+    advertise = "127.0.0.1" if config.cluster.address == "local" else None
+    run_targets = [
+        RunTarget(
+            build_application(
+                m,
+                config.engine_args_for(m),
+                advertise_host=advertise,
+                log_dir=log_dir,
+                num_replicas=targets[m.name],
+            ),
+            name=(apps or {}).get(m.name, m.name),
+            route_prefix=None,
+        )
+        for m in models
+    ]
+    serve.run_many(
+        run_targets, wait_for_ingress_deployment_creation=False, wait_for_applications_running=False
+    )
+
+
+def failed_deployments(config: FleetConfig, apps: dict[str, str] | None = None) -> dict[str, str]:
+    """Models whose Serve application (``apps[model]``, the model's name by default)
+    failed to deploy, with Serve's message."""
+    from ray import serve
+
+    statuses = serve.status().applications
+    failed: dict[str, str] = {}
+    for model in config.models:
+        app = statuses.get((apps or {}).get(model.name, model.name))
+        if app is not None and app.status == "DEPLOY_FAILED":
+            details = [d.message for d in app.deployments.values() if d.message]
+            failed[model.name] = "\n".join([app.message, *details])
+    return failed
+
+
+async def registry_entries() -> list[Entry]:
+    from rayfleet.control.registry import get_registry
+
+    entries: list[Entry] = await get_registry().entries.remote()
+    return entries
+
+
+async def cluster_status() -> dict[str, Any]:
+    """Nodes and Serve application states, for GET /rayfleet/status."""
+    import ray
+    from ray import serve
+
+    def collect() -> dict[str, Any]:
+        nodes = [
+            {
+                "node_id": n["NodeID"],
+                "ip": n["NodeManagerAddress"],
+                "alive": n["Alive"],
+                "cpus": n.get("Resources", {}).get("CPU", 0),
+                "gpus": n.get("Resources", {}).get("GPU", 0),
+            }
+            for n in ray.nodes()  # type: ignore[no-untyped-call]
+        ]
+        apps = {
+            name: {"status": getattr(app.status, "value", str(app.status)), "message": app.message}
+            for name, app in serve.status().applications.items()
+        }
+        return {"nodes": nodes, "applications": apps}
+
+    return await asyncio.to_thread(collect)
