@@ -33,6 +33,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -56,18 +57,27 @@ SetTarget = Callable[[str, int], Awaitable[None]]
 
 
 class Clock:
-    """Wall time for windows, monotonic time for delays. ``RAYFLEET_SCHEDULE_CLOCK`` (an
-    ISO time with a zone) starts the wall clock there instead of now, to try schedules."""
+    """Wall time for windows, monotonic time for delays.
 
-    def __init__(self, start: datetime | None = None):
+    ``RAYFLEET_SCHEDULE_CLOCK`` moves the wall clock, to try schedules: an ISO time with a
+    zone starts it there (then it runs at the normal pace); ``@PATH`` reads the time from
+    the file PATH at each tick (it stands still until the file changes: tests move it).
+    """
+
+    def __init__(self, start: datetime | None = None, path: Path | None = None):
         self._offset_s = 0.0 if start is None else start.timestamp() - time.time()
+        self._path = path
 
     @classmethod
     def from_env(cls) -> Clock:
-        value = os.environ.get(CLOCK_ENV)
+        value = os.environ.get(CLOCK_ENV, "")
+        if value.startswith("@"):
+            return cls(path=Path(value[1:]))
         return cls(datetime.fromisoformat(value) if value else None)
 
     def now(self) -> datetime:
+        if self._path is not None:
+            return datetime.fromisoformat(self._path.read_text().strip())
         return datetime.fromtimestamp(time.time() + self._offset_s, UTC)
 
     def monotonic(self) -> float:
@@ -104,9 +114,7 @@ class FleetScaler:
             ["model"],
             registry=registry,
         )
-        self.replica_gauge = Gauge(
-            "rayfleet_replicas", "Replicas by state.", ["model", "state"], registry=registry
-        )
+        self.replica_gauge = gateway.metrics.replicas
         self.events = Counter(
             "rayfleet_scale_events_total",
             "Target changes, by direction and reason.",
@@ -212,16 +220,7 @@ class FleetScaler:
                 self.replica_gauge.labels(model.name, state).set(count)
 
     def replica_states(self, model: str) -> dict[str, int]:
-        now = time.monotonic()
-        replicas = self.gateway.replica_set.replicas(model)
-        counts = {"serving": 0, "draining": 0, "cooling_down": 0}
-        for replica in replicas:
-            if replica.draining:
-                counts["draining"] += 1
-            elif not replica.healthy(now):
-                counts["cooling_down"] += 1
-            else:
-                counts["serving"] += 1
+        counts = self.gateway.replica_set.states(model)
         counts["starting"] = max(
             0, self.targets[model] - counts["serving"] - counts["cooling_down"]
         )

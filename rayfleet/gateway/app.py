@@ -168,12 +168,9 @@ class Gateway:
             log.warning("could not read the replica registry: %s", exc)
             return
         self.replica_set.update(entries)
-        now = time.monotonic()
         for model in self.replica_set.models:
-            replicas = self.replica_set.replicas(model)
-            healthy = sum(r.healthy(now) for r in replicas)
-            self.metrics.replicas.labels(model, "healthy").set(healthy)
-            self.metrics.replicas.labels(model, "cooling_down").set(len(replicas) - healthy)
+            for state, count in self.replica_set.states(model).items():
+                self.metrics.replicas.labels(model, state).set(count)
 
     async def _poll_forever(self) -> None:
         while True:

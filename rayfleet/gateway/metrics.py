@@ -76,7 +76,8 @@ class GatewayMetrics:
         )
         self.replicas = Gauge(
             "rayfleet_replicas",
-            "Replicas registered for a model, by health as seen by the gateway.",
+            "Replicas of a model by state: serving, draining, cooling_down (as the gateway "
+            "sees them), starting (wanted, not yet registered).",
             ["model", "state"],
             registry=self.registry,
         )

@@ -130,6 +130,19 @@ class ReplicaSet:
             return list(self._by_id.values())
         return list(self._by_model.get(model, ()))
 
+    def states(self, model: str) -> dict[str, int]:
+        """``model``'s replicas by state: serving, draining, cooling_down."""
+        now = time.monotonic()
+        counts = {"serving": 0, "draining": 0, "cooling_down": 0}
+        for replica in self._by_model.get(model, ()):
+            if replica.draining:
+                counts["draining"] += 1
+            elif not replica.healthy(now):
+                counts["cooling_down"] += 1
+            else:
+                counts["serving"] += 1
+        return counts
+
     def num_healthy(self, model: str) -> int:
         """Replicas of ``model`` serving now: healthy and not draining."""
         now = time.monotonic()
