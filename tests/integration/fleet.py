@@ -65,10 +65,14 @@ def model_entry(
 
 
 def write_config(
-    home: Path, models: list[dict[str, Any]], port: int, cluster: Mapping[str, Any] | None = None
+    home: Path,
+    models: list[dict[str, Any]],
+    port: int,
+    cluster: Mapping[str, Any] | None = None,
+    gateway: Mapping[str, Any] | None = None,
 ) -> Path:
     config_path = home / "fleet.yaml"
-    data: dict[str, Any] = {"gateway": {"port": port}, "models": models}
+    data: dict[str, Any] = {"gateway": {**(gateway or {}), "port": port}, "models": models}
     if cluster is not None:
         data["cluster"] = dict(cluster)
     config_path.write_text(yaml.safe_dump(data))
@@ -124,12 +128,16 @@ class RunningFleet:
 
 @contextlib.contextmanager
 def running_fleet(
-    home: Path, models: list[dict[str, Any]], cluster: Mapping[str, Any] | None = None
+    home: Path,
+    models: list[dict[str, Any]],
+    cluster: Mapping[str, Any] | None = None,
+    gateway: Mapping[str, Any] | None = None,
 ) -> Iterator[RunningFleet]:
     """A fleet of ``models`` started detached in ``home`` (on the embedded Ray, or on
-    ``cluster``: fleet.yaml's cluster section); stopped on exit if still up."""
+    ``cluster``: fleet.yaml's cluster section; ``gateway``: its gateway section, the port
+    chosen here); stopped on exit if still up."""
     port = free_port()
-    config_path = write_config(home, models, port, cluster)
+    config_path = write_config(home, models, port, cluster, gateway)
     fleet = RunningFleet(home=home, port=port, config_path=config_path)
     fleet.cli("up", "-c", str(fleet.config_path), "--detach", timeout_s=900)
     try:
