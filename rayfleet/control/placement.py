@@ -207,7 +207,8 @@ def _why_not(
         f"{free[n.node_id].get('CPU', 0.0):g} CPU"
         for n in nodes
     )
-    return f"{need}; free per node ({len(nodes)} nodes): {left or 'none'}"
+    count = f"{len(nodes)} node{'' if len(nodes) == 1 else 's'}"
+    return f"{need}; free per node ({count}): {left or 'none'}"
 
 
 def _sum(bundles: Iterable[Bundle]) -> dict[str, float]:
