@@ -58,7 +58,9 @@ def deploy(config: FleetConfig, log_dir: Path, targets: dict[str, int]) -> Actor
 
     serve.start(proxy_location="Disabled")
     registry = get_or_create_registry()
-    _run_apps(config, config.models, log_dir, targets)
+    starting = [m for m in config.models if targets[m.name] > 0]  # at zero: no application
+    if starting:
+        _run_apps(config, starting, log_dir, targets)
     return registry
 
 
@@ -67,7 +69,11 @@ def set_replicas(
 ) -> None:
     """Run ``model``'s application (``app``, the model's name by default) again with
     ``count`` replicas; nothing restarts. Also starts a new application under a new name
-    (a blue/green rollout's green side)."""
+    (a blue/green rollout's green side). Serve refuses ``num_replicas: 0``, so a model at
+    zero has no application: it is deleted (its replicas drain) and run again from zero."""
+    if count == 0:
+        delete_app(app or model.name)
+        return
     _run_apps(config, [model], log_dir, {model.name: count}, {model.name: app or model.name})
 
 
