@@ -18,6 +18,7 @@
         memory_gib: 8             # optional Ray memory reservation per replica
         accelerator: auto         # auto | gpu | cpu
         nodes_per_replica: 1      # nodes one replica's engine spans (vLLM --nnodes)
+        engine: vllm              # vllm | sim (a simulated engine, rayfleet sim)
 
 ``load_fleet(path)`` parses and validates a file; ``parse_fleet(data, origin)``
 validates an already-loaded mapping; ``default_fleet()`` is what ``rayfleet up``
@@ -30,12 +31,10 @@ reserve what its engine arguments use on each node: ``gpus_per_node_needed`` (TP
 ``nodes_per_replica``, computed once there) whole GPUs, else ``gpu_shortfall`` refuses it
 in one line with the fix. CPU engines are never refused for GPUs.
 
-A replica spans ``nodes_per_replica`` nodes with vLLM's own multi-node launch (its
-multiprocessing executor, ``--nnodes``; rayfleet/control/ranks.py): TP x PP must divide
-evenly among them, and ``num_cpus``, ``num_gpus`` and ``memory_gib`` are per node.
-``distributed_executor_backend: ray`` is refused: its workers would be Ray actors of a
-second driver (the vLLM server process), outside the replica's placement group, asking
-for GPUs the replica already holds.
+A replica spans ``nodes_per_replica`` nodes with vLLM's own multi-node launch
+(rayfleet/control/ranks.py); ``num_cpus``, ``num_gpus`` and ``memory_gib`` are per node.
+What a replica shape must hold (executor, nodes, GPUs, ``engine: sim``) is
+rayfleet/config/shape.py.
 
 Validation never changes what the user wrote. Values the fleet derives from the
 whole file are methods: ``FleetConfig.engine_args_for(model)`` is what a model's vLLM
@@ -76,6 +75,12 @@ class ModelConfig(StrictModel):
     source: str = Field(
         min_length=1,
         description="Local model directory or hub id; '~' expands on the node that loads it.",
+    )
+    engine: Literal["vllm", "sim"] = Field(
+        default="vllm",
+        description="vllm: a vLLM server per replica; sim: a simulated engine (rayfleet sim: "
+        "vLLM's endpoints and metric names, no model), its spec from source when that is a "
+        "JSON file from `rayfleet sim calibrate`; engine_args must be empty.",
     )
     engine_args: dict[str, Any] = Field(
         default_factory=dict,

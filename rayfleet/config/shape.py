@@ -21,7 +21,25 @@ RANK_ENGINE_ARGS = ("nnodes", "node_rank", "master_addr", "master_port", "headle
 
 
 def shape_problem(model: ModelConfig) -> str | None:
-    return _executor_problem(model) or _nodes_problem(model) or gpu_shortfall(model)
+    return (
+        _simulator_problem(model)
+        or _executor_problem(model)
+        or _nodes_problem(model)
+        or gpu_shortfall(model)
+    )
+
+
+def _simulator_problem(model: ModelConfig) -> str | None:
+    if model.engine != "sim":
+        return None
+    if model.engine_args:
+        return (
+            f"engine sim takes no engine_args (got {', '.join(model.engine_args)}); remove them, "
+            "or put a calibrated spec (`rayfleet sim calibrate --out spec.json`) in source"
+        )
+    if model.nodes_per_replica > 1 or model.gpu_engine:
+        return "engine sim runs on one node with no GPU; set nodes_per_replica: 1 and num_gpus: 0"
+    return None
 
 
 def _executor_problem(model: ModelConfig) -> str | None:

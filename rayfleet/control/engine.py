@@ -26,7 +26,9 @@ TTFT of 1.0 s against a server-side one under 0.1 s), and kernel threads waited 
 1.9 s for a core. In the session of the replica or test that started it, the yields
 reach the gateway and the client, and the stalls were gone (0 of 16 runs).
 
-``EngineProcess(..., headless=True)`` is a headless rank of an engine that spans nodes
+``EngineProcess(..., engine="sim")`` runs a simulated engine instead (``simulator_argv``:
+rayfleet/sim/, same endpoints and metric names), for fleets larger than this machine
+holds. ``EngineProcess(..., headless=True)`` is a headless rank of an engine that spans nodes
 (``headless_argv``: rayfleet/control/headless.py; no port, no /health, alive is healthy).
 ``server_argv`` is the server's whole command line; the engine arguments in it come
 from ``engine_argv`` (rayfleet/control/engine_args.py), unchanged. ``kill_process_group``
@@ -91,6 +93,17 @@ def server_argv(
     ]
 
 
+def simulator_argv(source: str, served_name: str, host: str, port: int) -> list[str]:
+    """The command that starts a simulated engine (``engine: sim``, rayfleet/sim/) in
+    place of vLLM: one replica on ``port``, its spec from ``source`` when that is a JSON
+    file written by ``rayfleet sim calibrate``, else the simulator's defaults."""
+    argv = [sys.executable, "-m", "rayfleet.sim", "serve", "--replicas", "1"]
+    argv += ["--port-base", str(port), "--host", host, "--model", served_name]
+    if source.endswith(".json"):
+        argv += ["--spec", source]
+    return argv
+
+
 def headless_argv(model: str, engine_args: Mapping[str, Any]) -> list[str]:
     """The command that starts a headless rank (no API server) of a multi-node engine."""
     return [sys.executable, "-m", HEADLESS_MODULE, "--model", model, *engine_argv(engine_args)]
@@ -137,6 +150,7 @@ class EngineProcess:
         env: Mapping[str, str] | None = None,
         log_path: Path | None = None,
         headless: bool = False,
+        engine: str = "vllm",
     ):
         # '~' means the home of the node that runs the server.
         self.model = os.path.expanduser(model)
@@ -147,6 +161,7 @@ class EngineProcess:
         self.env = dict(env or {})
         self.log_path = log_path
         self.headless = headless  # a rank with no API server: no port, alive is healthy
+        self.engine = engine  # "vllm", or "sim": a simulated engine (named so everywhere)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -167,7 +182,12 @@ class EngineProcess:
         else:
             if self.port is None:
                 self.port = free_port(self.host)
-            argv = server_argv(self.model, self.served_name, self.engine_args, self.host, self.port)
+            if self.engine == "sim":
+                argv = simulator_argv(self.model, self.served_name, self.host, self.port)
+            else:
+                argv = server_argv(
+                    self.model, self.served_name, self.engine_args, self.host, self.port
+                )
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 argv,

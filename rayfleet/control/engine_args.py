@@ -49,6 +49,8 @@ def check_engine_args(fleet: FleetConfig) -> None:
     parser = vllm_server_parser()
     known = sorted({a.dest for a in parser._actions if a.dest != "help"})
     for index, model in enumerate(fleet.models):
+        if model.engine == "sim":
+            continue  # a simulated engine takes no vLLM arguments
         engine_args = fleet.engine_args_for(model)
         for key in engine_args:
             if key not in known:

@@ -142,6 +142,7 @@ class VLLMReplica:
             host=host,
             env=engine_env(self.model, self.registry, self.replica_id, self.node_ip),
             log_path=log_dir / f"{safe_id}.log",
+            engine=self.model.engine,
         )
         try:
             if self.ranks is not None:

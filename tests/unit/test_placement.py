@@ -203,3 +203,18 @@ def test_gpu_env_names_exactly_the_assigned_gpus_in_order():
 
 def test_no_gpus_leaves_the_environment_as_it_is():
     assert gpu_env([]) == {}
+
+
+def test_a_simulated_engine_takes_no_engine_args_and_no_gpu():
+    from rayfleet.control.engine import simulator_argv
+
+    m = model(engine="sim", source="/specs/tiny.json")
+    assert m.engine == "sim" and replica_demand(m).gpus == 0
+    with pytest.raises(ConfigError, match="engine sim takes no engine_args"):
+        model(engine="sim", engine_args={"max_model_len": 8})
+    with pytest.raises(ConfigError, match="engine sim runs on one node with no GPU"):
+        model(engine="sim", num_gpus=1)
+    argv = simulator_argv("/specs/tiny.json", "m", "127.0.0.1", 9000)
+    assert argv[1:4] == ["-m", "rayfleet.sim", "serve"]
+    assert argv[-2:] == ["--spec", "/specs/tiny.json"]
+    assert "--spec" not in simulator_argv("sim", "m", "127.0.0.1", 9000)
