@@ -207,8 +207,8 @@ def _why_not(
         f"{free[n.node_id].get('CPU', 0.0):g} CPU"
         for n in nodes
     )
-    count = f"{len(nodes)} node{'' if len(nodes) == 1 else 's'}"
-    return f"{need}; free per node ({count}): {left or 'none'}"
+    how_many = f"{len(nodes)} node{'' if len(nodes) == 1 else 's'}"
+    return f"{need}; free per node ({how_many}): {left or 'none'}"
 
 
 def _sum(bundles: Iterable[Bundle]) -> dict[str, float]:
