@@ -167,7 +167,8 @@ class FleetProcess:
             hold_s={name: config.gateway.request_timeout_s for name in elastic},
             extra_routes=admin_routes(self),
         )
-        self.scaler = FleetScaler(config, gateway, self._set_target, Clock.from_env())
+        clock = Clock.from_env()
+        self.scaler = FleetScaler(config, gateway, self._set_target, clock, say=self.say)
         self.gateway = gateway
         return gateway
 

@@ -93,8 +93,17 @@ def initial_target(model: ModelConfig, now: datetime) -> int:
 
 
 class FleetScaler:
-    def __init__(self, config: FleetConfig, gateway: Gateway, set_target: SetTarget, clock: Clock):
+    def __init__(
+        self,
+        config: FleetConfig,
+        gateway: Gateway,
+        set_target: SetTarget,
+        clock: Clock,
+        say: Callable[[str], None] = log.info,
+    ):
         self.config = config
+        self.say = say  # each target change, in the fleet's log
+        self.inputs: dict[str, str] = {}  # the last load seen per model, for the log
         self.gateway = gateway
         self.set_target = set_target
         self.clock = clock
@@ -173,12 +182,26 @@ class FleetScaler:
                 self.clock.monotonic(), bounds, current, loads, inflight, waiting
             )
             target, reason = decision.target, decision.reason
+            in_engines = sum(load.requests for load in loads)
+            self.inputs[model.name] = (
+                f"in engines {in_engines:g}, in flight {inflight}, held {waiting}"
+            )
+            if (
+                target < current
+                and self.replica_states(model.name)["starting"]
+                and not (bounds.window or current > bounds.max_replicas)
+            ):
+                return  # a replica still starting would be stopped first: wait for it
         if target != current:
             await self._apply(model.name, current, target, reason)
 
     async def _apply(self, model: str, current: int, target: int, reason: str) -> None:
         direction = "up" if target > current else "down"
-        log.info("model %s: %d -> %d replicas (%s)", model, current, target, reason)
+        inputs = self.inputs.get(model)
+        self.say(
+            f"model '{model}': {current} -> {target} replica(s), {reason}"
+            + (f" ({inputs})" if inputs else "")
+        )
         await self.set_target(model, target)
         self.targets[model] = target
         self.decisions[model] = f"{current} -> {target}: {reason}"
