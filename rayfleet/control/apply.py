@@ -25,7 +25,8 @@ from typing import Any
 
 from rayfleet.config import FleetConfig, ModelConfig
 
-# Fields whose change needs no new replica: the scaler and the gateway read them.
+# Fields whose change needs no new replica: the scaler and the gateway read them. A
+# replica's deployment version leaves them out (replica.deployment_version).
 SCALING_FIELDS = frozenset(
     {"replicas", "autoscaling", "schedules", "drain_timeout_s", "routing", "startup_timeout_s"}
 )

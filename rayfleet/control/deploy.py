@@ -37,7 +37,7 @@ def connect_ray(config: FleetConfig) -> str:
     address = config.cluster.address
     num_cpus = None
     if address == LOCAL:  # enough logical CPUs for every replica, and two to spare
-        needed = sum(m.num_cpus * m.replicas for m in config.models)
+        needed = sum(m.num_cpus * _most_replicas(m) for m in config.models)
         num_cpus = config.cluster.num_cpus or max(os.cpu_count() or 1, math.ceil(needed) + 2)
     connect(
         address,
@@ -47,6 +47,12 @@ def connect_ray(config: FleetConfig) -> str:
         logging_level=logging.WARNING,
     )
     return address
+
+
+def _most_replicas(model: ModelConfig) -> int:
+    """The most replicas a model may run at once: its ceiling, one more during a roll."""
+    ceiling = model.autoscaling.max_replicas if model.autoscaling else model.replicas
+    return ceiling + 1
 
 
 def deploy(config: FleetConfig, log_dir: Path, targets: dict[str, int]) -> ActorHandle[Any]:

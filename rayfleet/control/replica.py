@@ -32,6 +32,8 @@ without a GPU. The vLLM server sees exactly the GPUs Ray assigned to this replic
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,6 +43,7 @@ from ray import serve
 from ray.serve import Application
 
 from rayfleet.config import ModelConfig
+from rayfleet.control.apply import SCALING_FIELDS
 from rayfleet.control.drain import drain
 from rayfleet.control.engine import EngineProcess
 from rayfleet.control.placement import replica_demand
@@ -227,11 +230,33 @@ def build_application(
     num_replicas: int | None = None,
 ) -> Application:
     """The Ray Serve application that serves one model, its servers started with
-    ``engine_args`` (``FleetConfig.engine_args_for(model)``). The same arguments give the
-    same deployment version, so a new ``num_replicas`` only adds or removes replicas."""
+    ``engine_args`` (``FleetConfig.engine_args_for(model)``).
+
+    Its deployment version is ``deployment_version``: the same model and arguments give
+    the same version, so running the application again with a new ``num_replicas`` only
+    adds or removes replicas. Serve's imperative API gives a deployment without a version
+    a random one on every run, which rolls every replica; it keeps ``version`` for its own
+    callers (``_internal``), the one private argument rayfleet passes.
+    """
     options = deployment_options(model, num_replicas)
-    deployment = VLLMReplica.options(**options)  # type: ignore[attr-defined]
-    app: Application = deployment.bind(
-        model.model_dump(exclude_unset=True), engine_args, advertise_host, str(log_dir)
+    init_args = (model.model_dump(exclude_unset=True), engine_args, advertise_host, str(log_dir))
+    version = deployment_version(model, *init_args[1:])
+    deployment = VLLMReplica.options(  # type: ignore[attr-defined]
+        **options, version=version, _internal=True
     )
+    app: Application = deployment.bind(*init_args)
     return app
+
+
+def deployment_version(
+    model: ModelConfig, engine_args: dict[str, Any], advertise_host: str | None, log_dir: str
+) -> str:
+    """A digest of everything a replica starts with (not how many replicas there are)."""
+    started_with = {
+        "model": model.model_dump(mode="json", exclude=set(SCALING_FIELDS)),
+        "engine_args": engine_args,
+        "advertise_host": advertise_host,
+        "log_dir": log_dir,
+    }
+    text = json.dumps(started_with, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

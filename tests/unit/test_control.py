@@ -225,3 +225,18 @@ def test_a_model_survives_the_trip_to_its_replicas():
     )
     assert ModelConfig.model_validate(m.model_dump(exclude_unset=True)) == m
     assert ModelConfig.model_validate(model().model_dump(exclude_unset=True)) == model()
+
+
+def test_the_deployment_version_ignores_the_count_and_follows_what_replicas_start_with():
+    from rayfleet.control.replica import deployment_version
+
+    def version(**fields):
+        return deployment_version(model(**fields), {"max_model_len": 8}, None, "/logs")
+
+    assert version(replicas=1) == version(replicas=3) == version(drain_timeout_s=5)
+    autoscaled = {
+        "autoscaling": {"min_replicas": 1, "max_replicas": 2, "target_load_per_replica": 2}
+    }
+    assert version(**autoscaled) == version(replicas=1)
+    assert version(env={"A": "1"}) != version()
+    assert deployment_version(model(), {"max_model_len": 9}, None, "/logs") != version()
