@@ -51,6 +51,7 @@ log = logging.getLogger("rayfleet.scaling")
 
 SCALE_PERIOD_S = 1.0
 LOAD_TIMEOUT_S = 2.0
+UNBOUNDED = 1_000_000  # a fixed model's count outside its windows has no bound
 CLOCK_ENV = "RAYFLEET_SCHEDULE_CLOCK"  # ISO time the fleet's schedule clock starts at
 
 SetTarget = Callable[[str, int], Awaitable[None]]
@@ -166,7 +167,7 @@ class FleetScaler:
     async def _step(self, model: ModelConfig, session: aiohttp.ClientSession) -> None:
         if model.name in self.paused:
             return
-        bounds = bounds_at(model, self.clock.now())
+        bounds = self._bounds(model)
         self.windows[model.name] = bounds.window
         current = self.targets[model.name]
         scaler = self.scalers.get(model.name)
@@ -218,6 +219,14 @@ class FleetScaler:
         loads = await asyncio.gather(*(one(r.url) for r in replicas))
         return [load for load in loads if load is not None]
 
+    def _bounds(self, model: ModelConfig) -> Bounds:
+        """The counts allowed now: a window's, or the autoscaling bounds; a fixed model
+        outside its windows may be set to any count (`rayfleet scale`)."""
+        bounds = bounds_at(model, self.clock.now())
+        if model.autoscaling is None and bounds.window is None:
+            return Bounds(0, UNBOUNDED)
+        return bounds
+
     def scale(self, model: str, count: int) -> str | None:
         """`rayfleet scale MODEL N`: a fixed count from now on; the reason it cannot be."""
         try:
@@ -225,7 +234,7 @@ class FleetScaler:
         except KeyError:
             names = ", ".join(m.name for m in self.config.models)
             return f"no model '{model}' in the fleet ({names})"
-        bounds: Bounds = bounds_at(config, self.clock.now())
+        bounds = self._bounds(config)
         if not bounds.min_replicas <= count <= bounds.max_replicas:
             where = f"window '{bounds.window}'" if bounds.window else "its autoscaling bounds"
             return (

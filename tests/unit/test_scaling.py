@@ -94,3 +94,10 @@ def test_initial_target_reads_the_window_open_at_start(tmp_path):
     at_night = Clock(path=tmp_path / "t").now()
     assert initial_target(config.model("f"), at_night) == 1
     assert initial_target(config.model("m"), at_night) == 0
+
+
+def test_a_fixed_model_may_be_scaled_to_any_count_outside_its_windows(tmp_path):
+    config, _, scaler, calls, _ = make(tmp_path)
+    assert scaler.scale("f", 5) is None
+    asyncio.run(steps(scaler, config))
+    assert ("f", 5) in calls
