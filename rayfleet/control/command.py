@@ -225,7 +225,7 @@ def apply(
     Prints the diff per model, then applies it: scaling changes keep every replica (same
     vLLM processes); changed engine arguments or source roll blue/green (new replicas
     serve before the old ones drain); added models start, removed ones drain. A file that
-    fails validation changes nothing.
+    fails validation changes nothing. The diff and the steps go to standard output.
     """
     from rayfleet.config import load_fleet
     from rayfleet.control import lifecycle
@@ -236,13 +236,13 @@ def apply(
     if not dry_run:
         preview = lifecycle.admin_call(state, "/rayfleet/apply", {**body, "dry_run": True})
         for line in preview["diff"]["lines"]:
-            _say(line)
+            typer.echo(line)
     answer = lifecycle.admin_call(state, "/rayfleet/apply", body)
     if dry_run:
         for line in answer["diff"]["lines"]:
-            _say(line)
-        _say("dry run: nothing changed")
+            typer.echo(line)
+        typer.echo("dry run: nothing changed")
         return
     for step in answer["steps"]:
-        _say(step)
-    _say("applied" if answer["applied"] else "nothing to apply")
+        typer.echo(step)
+    typer.echo("applied" if answer["applied"] else "nothing to apply")
