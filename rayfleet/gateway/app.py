@@ -175,7 +175,10 @@ class Gateway:
     async def _poll_forever(self) -> None:
         while True:
             await asyncio.sleep(self.poll_interval_s)
-            await self.refresh()
+            try:
+                await self.refresh()
+            except Exception:  # membership must keep following the registry
+                log.exception("replica membership update failed")
 
     # -- small endpoints -------------------------------------------------------------
 

@@ -80,8 +80,7 @@ class ReplicaSet:
         """Track ``models`` from now on; replicas of a model dropped are forgotten at the
         next ``update``."""
         self.models = list(models)
-        for model in self.models:
-            self._by_model.setdefault(model, [])
+        self._by_model = {m: self._by_model.get(m, []) for m in self.models}
 
     def update(self, entries: Iterable[Entry]) -> None:
         fresh: dict[str, Replica] = {}

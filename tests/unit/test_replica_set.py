@@ -90,3 +90,12 @@ def test_update_keeps_counts_and_drops_gone_replicas():
     assert rs.replicas("m")[0].num_inflight == 1
     assert rs.replicas("n") == [] and pick(rs, policy, "n") is None
     assert pick(rs, policy, "unknown") is None
+
+
+def test_set_models_follows_models_added_and_removed():
+    rs = ReplicaSet(["a"])
+    rs.update(entries("x", model="a"))
+    rs.set_models(["b"])
+    rs.update(entries("x", model="a") + entries("y", model="b"))
+    assert [r.replica_id for r in rs.replicas()] == ["y"]
+    assert rs.replicas("a") == [] and rs.num_healthy("b") == 1
