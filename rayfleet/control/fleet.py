@@ -205,7 +205,11 @@ class FleetProcess:
         return status
 
     async def _entries(self) -> list[Entry]:
-        entries = await registry_entries()
+        # The handle deploy returned: looking the actor up again each poll is a blocking
+        # call to Ray's GCS on the gateway's event loop.
+        entries: list[Entry] = (
+            await self.registry.entries.remote() if self.registry else await registry_entries()
+        )
         # The vLLM processes of every rank on this machine: stopped at shutdown if Serve
         # left any (a pid on another machine is not ours to signal).
         pids = {
