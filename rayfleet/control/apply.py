@@ -7,15 +7,17 @@
 How each change is made (by ``FleetProcess.apply``):
 
 - **scaled** (``replicas``, ``autoscaling``, ``schedules``, ``drain_timeout_s``,
-  ``routing``): new targets and bounds, nothing restarts (the same vLLM pids);
+  ``startup_timeout_s``): new targets and bounds, nothing restarts (the same vLLM pids);
 - **rolled** (anything a replica starts with: ``source``, ``engine_args``, resources,
   ``env``, ``nodes_per_replica`` ...): blue/green. A new Serve application starts the
   new replicas beside the old ones; once they serve (a real completion passed on one),
   the old application is deleted and its replicas drain (control/drain.py). A model
   with one replica never has zero capacity;
 - **added** / **removed**: a new application / the old one deleted (its replicas drain);
-- the gateway's policies are rebuilt from the new file; ``gateway.host``/``port`` and
-  ``cluster`` cannot change while the fleet runs (the diff says so and nothing changes).
+- the gateway's policies are rebuilt from the new file; ``gateway.host``/``port``,
+  ``cluster`` and a model's ``routing`` (the gateway keeps each model's replica policy
+  and what it learned) cannot change while the fleet runs (``refusal``: one line, and
+  nothing changes).
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ def fleet_diff(old: FleetConfig, new: FleetConfig) -> FleetDiff:
         if before is None:
             continue
         changed = _changed_fields(before, model)
+        if "routing" in changed:  # the gateway keeps a model's replica policy, and its index
+            diff.refused.append(f"model '{name}' routing")
         rolled = [f for f in changed if f not in SCALING_FIELDS]
         if rolled:
             diff.rolled[name] = rolled

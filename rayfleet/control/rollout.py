@@ -46,8 +46,6 @@ async def apply_text(fleet: FleetProcess, text: str, dry_run: bool) -> ApplyResu
     except (ConfigError, RayfleetError) as exc:
         return ApplyResult(error=str(exc))
     diff = fleet_diff(fleet.config, new)
-    if "routing" in {f for fields in diff.scaled.values() for f in fields}:
-        return ApplyResult(diff, error=_routing_refusal(diff.scaled))
     why = refusal(diff)
     if why or dry_run or diff.empty:
         return ApplyResult(diff, error=why)
@@ -71,14 +69,6 @@ def _parse_and_check(text: str) -> FleetConfig:
     config = parse_fleet(data)
     check_engine_args(config)
     return config
-
-
-def _routing_refusal(scaled: dict[str, list[str]]) -> str:
-    model = next(name for name, fields in scaled.items() if "routing" in fields)
-    return (
-        f"model '{model}': routing cannot change while the fleet runs (the gateway's "
-        "index would start empty); stop it with `rayfleet down` and start it again"
-    )
 
 
 async def _apply(fleet: FleetProcess, new: FleetConfig, result: ApplyResult) -> None:

@@ -89,7 +89,7 @@ def initial_target(model: ModelConfig, now: datetime) -> int:
     """The count a model deploys with: its replicas, or its lower bound now."""
     bounds = bounds_at(model, now)
     if model.autoscaling is None:
-        return min(max(model.replicas, bounds.min_replicas), bounds.max_replicas)
+        return bounds.clamp(model.replicas)
     return bounds.min_replicas
 
 
@@ -173,7 +173,7 @@ class FleetScaler:
         scaler = self.scalers.get(model.name)
         if model.name in self.fixed or scaler is None:
             wanted = self.fixed.get(model.name, model.replicas)
-            target = min(max(wanted, bounds.min_replicas), bounds.max_replicas)
+            target = bounds.clamp(wanted)
             reason = f"window {bounds.window}" if target != wanted else "fixed"
         else:
             loads = await self._loads(model.name, session)
@@ -245,11 +245,11 @@ class FleetScaler:
         return None
 
     def _publish(self) -> None:
+        # The gateway sets the registered states at each poll; the scaler adds starting.
         for model in self.config.models:
             self.target_gauge.labels(model.name).set(self.targets[model.name])
-            counts = self.replica_states(model.name)
-            for state, count in counts.items():
-                self.replica_gauge.labels(model.name, state).set(count)
+            starting = self.replica_states(model.name)["starting"]
+            self.replica_gauge.labels(model.name, "starting").set(starting)
 
     def replica_states(self, model: str) -> dict[str, int]:
         counts = self.gateway.replica_set.states(model)

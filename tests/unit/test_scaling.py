@@ -101,3 +101,15 @@ def test_a_fixed_model_may_be_scaled_to_any_count_outside_its_windows(tmp_path):
     assert scaler.scale("f", 5) is None
     asyncio.run(steps(scaler, config))
     assert ("f", 5) in calls
+
+
+def test_apply_refuses_a_routing_change_even_beside_a_rolled_field():
+    from rayfleet.control.apply import fleet_diff, refusal
+
+    old = parse_fleet({"models": [FIXED]})
+    changed = {**FIXED, "routing": {"policy": "prefix"}, "env": {"A": "1"}}
+    why = refusal(fleet_diff(old, parse_fleet({"models": [changed]})))
+    assert why == (
+        "model 'f' routing cannot change while the fleet runs; "
+        "stop it with `rayfleet down` and start it with `rayfleet up`"
+    )
