@@ -9,7 +9,7 @@ set_replicas(config, model, log_dir, n, app)
                                           or removes replicas (or a new app: green)
 delete_app(app)                           an app deleted; its replicas drain
 failed_deployments(config)                models whose app failed, with Serve's words
-registry_entries(), cluster_status()      what the gateway and `status` read
+cluster_status()                          what `status` reads of Ray and Serve
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from rayfleet.config import FleetConfig, ModelConfig
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
-
-    from rayfleet.control.registry import Entry
 
 
 def connect_ray(config: FleetConfig) -> str:
@@ -135,13 +133,6 @@ def failed_deployments(config: FleetConfig, apps: dict[str, str] | None = None) 
             details = [d.message for d in app.deployments.values() if d.message]
             failed[model.name] = "\n".join([app.message, *details])
     return failed
-
-
-async def registry_entries() -> list[Entry]:
-    from rayfleet.control.registry import get_registry
-
-    entries: list[Entry] = await get_registry().entries.remote()
-    return entries
 
 
 async def cluster_status() -> dict[str, Any]:

@@ -41,7 +41,6 @@ from rayfleet.control.deploy import (
     connect_ray,
     deploy,
     failed_deployments,
-    registry_entries,
     set_replicas,
 )
 from rayfleet.control.engine import kill_process_group
@@ -207,9 +206,8 @@ class FleetProcess:
     async def _entries(self) -> list[Entry]:
         # The handle deploy returned: looking the actor up again each poll is a blocking
         # call to Ray's GCS on the gateway's event loop.
-        entries: list[Entry] = (
-            await self.registry.entries.remote() if self.registry else await registry_entries()
-        )
+        assert self.registry is not None  # the gateway starts after deploy returned it
+        entries: list[Entry] = await self.registry.entries.remote()
         # The vLLM processes of every rank on this machine: stopped at shutdown if Serve
         # left any (a pid on another machine is not ours to signal).
         pids = {
