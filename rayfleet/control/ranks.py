@@ -189,7 +189,7 @@ class SpanningRanks:
                 ),
             ).remote()
             self.actors.append(actor)
-            log_path = self.log_dir / f"{_safe(self.replica_id)}-rank{rank}.log"
+            log_path = self.log_dir / f"{log_name(self.replica_id)}-rank{rank}.log"
             starts.append(
                 actor.start.remote(
                     self.model.model_dump(exclude_unset=True),
@@ -234,5 +234,6 @@ class SpanningRanks:
         self.actors = []
 
 
-def _safe(replica_id: str) -> str:
+def log_name(replica_id: str) -> str:
+    """A replica id as a file name (its vLLM log, and each rank's)."""
     return replica_id.replace("#", "-").replace("/", "_")

@@ -47,7 +47,7 @@ from rayfleet.control.apply import SCALING_FIELDS
 from rayfleet.control.drain import drain
 from rayfleet.control.engine import EngineProcess
 from rayfleet.control.placement import replica_demand
-from rayfleet.control.ranks import SpanningRanks, engine_env
+from rayfleet.control.ranks import SpanningRanks, engine_env, log_name
 
 log = logging.getLogger("rayfleet.replica")
 
@@ -131,7 +131,6 @@ class VLLMReplica:
 
     def _start_engine(self, host: str, log_dir: Path) -> EngineProcess:
         log_dir.mkdir(parents=True, exist_ok=True)
-        safe_id = self.replica_id.replace("#", "-").replace("/", "_")
         engine_args = self.engine_args
         if self.model.spans_nodes:
             self.ranks = SpanningRanks(
@@ -144,7 +143,7 @@ class VLLMReplica:
             engine_args,
             host=host,
             env=engine_env(self.model, self.registry, self.replica_id, self.node_ip),
-            log_path=log_dir / f"{safe_id}.log",
+            log_path=log_dir / f"{log_name(self.replica_id)}.log",
             engine=self.model.engine,
         )
         try:
