@@ -15,13 +15,22 @@ The rule, in order:
 
     load     = max(sum of running + waiting over replicas, gateway_inflight)
                + gateway_waiting                 (held requests count: no vLLM sees them)
-    desired  = ceil(load / target_load_per_replica), at least current + 1 while the
-               replicas' mean KV cache usage is above kv_cache_high; then clamped to bounds
+    up       = ceil(load / target_load_per_replica), at least current + 1 while the
+               replicas' mean KV cache usage is above kv_cache_high
+    down     = the fewest replicas that would each stay below the target:
+               floor(load / target_load_per_replica) + 1, or 0 at no load
+               (both clamped to bounds)
     current outside bounds  -> the nearest bound at once        ("window <name>", "bounds")
-    current 0, a request held -> desired at once                ("request waiting")
-    desired > current for upscale_delay_s    -> desired          ("load" or "kv_cache")
-    desired < current for downscale_delay_s  -> desired          ("load")
+    current 0, a request held -> up at once                     ("request waiting")
+    up > current for upscale_delay_s         -> up               ("load" or "kv_cache")
+    down < current for downscale_delay_s     -> down             ("load")
     otherwise                                -> current, direction "none"
+
+``up`` and ``down`` differ only where the load is an exact multiple of the target: at
+4 requests and a target of 2, two replicas are kept (one would sit at its target), and a
+third is not asked for. Without that band a load that sits on the boundary, as client
+load does between one request's end and the next one's start, scales in and out again
+every few seconds.
 
 The vLLM gauges and the gateway count the same requests; the larger of the two is taken
 so that a replica whose ``/metrics`` did not answer still counts through the gateway.
@@ -84,19 +93,19 @@ class Autoscaler:
         if not bounds.min_replicas <= current <= bounds.max_replicas:
             reason = _bounds_reason(bounds, left_window)
             return self._change(current, bounds.clamp(current), reason)
-        wish = self._desired(bounds, current, loads, gateway_inflight, gateway_waiting)
-        if current == 0 and gateway_waiting > 0 and wish.count > 0:
-            return self._change(current, wish.count, "request waiting")
-        if wish.count > current:
+        up, down = self._desired(bounds, current, loads, gateway_inflight, gateway_waiting)
+        if current == 0 and gateway_waiting > 0 and up.count > 0:
+            return self._change(current, up.count, "request waiting")
+        if up.count > current:
             self._under_since = None
             self._over_since = _since(self._over_since, now_s)
             if now_s - self._over_since >= self.config.upscale_delay_s:
-                return self._change(current, wish.count, wish.reason)
-        elif wish.count < current:
+                return self._change(current, up.count, up.reason)
+        elif down.count < current:
             self._over_since = None
             self._under_since = _since(self._under_since, now_s)
             if now_s - self._under_since >= self.config.downscale_delay_s:
-                return self._change(current, wish.count, wish.reason)
+                return self._change(current, down.count, down.reason)
         else:
             self._over_since = self._under_since = None
         return Decision(current, "steady", "none")
@@ -108,17 +117,20 @@ class Autoscaler:
         loads: Sequence[EngineLoad],
         gateway_inflight: int,
         gateway_waiting: int,
-    ) -> _Wish:
-        """The count the load asks for now, within ``bounds``, with no delay applied."""
+    ) -> tuple[_Wish, _Wish]:
+        """The counts the load asks for now to scale up and to scale down, within
+        ``bounds``, with no delay applied."""
         in_engines = sum(load.requests for load in loads)
         total = max(in_engines, gateway_inflight) + gateway_waiting
-        count = math.ceil(total / self.config.target_load_per_replica)
+        per_replica = self.config.target_load_per_replica
+        up = math.ceil(total / per_replica)
+        down = math.floor(total / per_replica) + 1 if total > 0 else 0
         reason = "load"
         if loads:
             mean_kv = sum(load.kv_cache_usage for load in loads) / len(loads)
-            if mean_kv > self.config.kv_cache_high and count <= current:
-                count, reason = current + 1, "kv_cache"
-        return _Wish(bounds.clamp(count), reason)
+            if mean_kv > self.config.kv_cache_high and up <= current:
+                up, down, reason = current + 1, current + 1, "kv_cache"
+        return _Wish(bounds.clamp(up), reason), _Wish(bounds.clamp(down), reason)
 
     def _change(self, current: int, target: int, reason: str) -> Decision:
         self._over_since = self._under_since = None

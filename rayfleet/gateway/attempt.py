@@ -53,6 +53,7 @@ from rayfleet.gateway.upstream import (
 
 log = logging.getLogger("rayfleet.gateway")
 
+CLIENT_CLOSED = 499  # the status access logs show for a client that left (nginx's usage)
 _CACHED_TOKENS = b'"cached_tokens":'
 _PROMPT_TOKENS = b'"prompt_tokens":'
 _NUMBER = re.compile(rb"\s*(\d+)")
@@ -143,10 +144,12 @@ class Attempts:
                 )
             completed = outcome is Outcome.DONE
             return await self._conclude(journey, target, exchange, response, outcome, limits)
-        except (asyncio.CancelledError, ConnectionResetError):
+        except asyncio.CancelledError:
             # The client went away: closing the upstream connection makes vLLM abort.
             self.metrics.errors.labels(target.model, "client_disconnect").inc()
             raise
+        except ConnectionResetError:
+            return self._client_gone(target.model, web.Response(status=CLIENT_CLOSED))
         finally:
             if target.replica is not None:
                 self.replica_set.end(target.replica)
@@ -165,7 +168,7 @@ class Attempts:
     ) -> web.StreamResponse:
         """Account for how the relay ended and end the response to the client."""
         if outcome is Outcome.CLIENT_GONE:
-            raise ConnectionResetError("the client went away")
+            return self._client_gone(target.model, response)
         if outcome is Outcome.DONE:
             if target.replica is not None:
                 self.replica_set.succeeded(target.replica)
@@ -182,12 +185,21 @@ class Attempts:
             return self.refuse(error, target.model)
         else:
             await self._end_cut_off(response, outcome, exchange.tail(), target, journey, limits)
-        await response.write_eof()
+        try:
+            await response.write_eof()
+        except ConnectionResetError:  # the client left just before the end
+            return self._client_gone(target.model, response)
         elapsed = time.perf_counter() - journey.started
         self.metrics.latency.labels(target.model, target.label).observe(elapsed)
         self.metrics.requests.labels(target.model, target.label, str(exchange.status)).inc()
         if outcome is Outcome.DONE and target.replica is not None:
             self._report_usage(journey, target.replica, target.model, exchange)
+        return response
+
+    def _client_gone(self, model: str, response: web.StreamResponse) -> web.StreamResponse:
+        """Count a client that went away; what is returned goes nowhere, and aiohttp ends
+        it quietly (closing the upstream connection has already made vLLM abort)."""
+        self.metrics.errors.labels(model, "client_disconnect").inc()
         return response
 
     def _report_usage(

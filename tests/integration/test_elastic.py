@@ -38,10 +38,15 @@ def replicas(fleet: RunningFleet, model: str) -> list[dict[str, Any]]:
 
 
 def settled(fleet: RunningFleet, model: str, count: int) -> list[dict[str, Any]] | None:
-    """``count`` replicas of ``model``, all serving, none leaving; else None."""
-    now = replicas(fleet, model)
+    """``count`` replicas of ``model``, all serving, none leaving, none starting, and
+    ``count`` the scaler's target; else None. (A starting replica is not registered yet:
+    the target and the scaler's starting count are what show it.)"""
+    status = fleet.status()
+    now = [r for r in status["replicas"] if r["model"] == model]
     serving = [r for r in now if r["healthy"] and not r["draining"]]
-    return now if len(now) == count and len(serving) == count else None
+    scaling = status["scaling"][model]
+    steady = scaling["target"] == count and scaling["states"]["starting"] == 0
+    return now if steady and len(now) == count and len(serving) == count else None
 
 
 def metrics_text(fleet: RunningFleet) -> str:
@@ -52,13 +57,17 @@ def metrics_text(fleet: RunningFleet) -> str:
 def wait_settled(fleet: RunningFleet, model: str, count: int) -> list[dict[str, Any]]:
     # ``is not None``: settled at zero is an empty list, which is no less settled.
     ok = wait_until(lambda: settled(fleet, model, count) is not None, SCALE_TIMEOUT_S, 1.0)
-    assert ok, f"{model} never settled at {count}: {replicas(fleet, model)}"
+    if not ok:
+        scaling = fleet.status()["scaling"][model]
+        pytest.fail(f"{model} never settled at {count}: {scaling} {replicas(fleet, model)}")
     return replicas(fleet, model)
 
 
 def test_load_scales_up_and_back_down_without_a_failure(fleet):
     (first,) = wait_settled(fleet, "tiny", 1)
-    with StreamLoad(fleet.client(), "tiny", num_streams=4, max_tokens=128) as load:
+    # 6 streams against a target of 2 a replica: well above what one replica takes, so
+    # no moment between one request and the next reads as room to scale in.
+    with StreamLoad(fleet.client(), "tiny", num_streams=6, max_tokens=128) as load:
         two = wait_settled(fleet, "tiny", 2)
     assert first["pid"] in {r["pid"] for r in two}  # the first replica kept serving
     wait_settled(fleet, "tiny", 1)

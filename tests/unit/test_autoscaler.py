@@ -100,6 +100,19 @@ def test_a_load_that_returns_restarts_the_downscale_delay():
     assert [d for _, d in run.changes] == [Decision(1, "load", "down")]
 
 
+def test_a_load_on_the_boundary_neither_scales_in_nor_asks_for_more():
+    # 8 requests and a target of 8: one replica would sit at its target, so two stay,
+    # and one does not ask for a second; one request fewer, and one replica is enough.
+    run = Run(autoscaler(upscale_delay_s=0), current=2, loads=[busy(4), busy(4)])
+    run.for_s(600)
+    run.current, run.loads = 1, [busy(8)]
+    run.for_s(600)
+    assert run.changes == []
+    run.current, run.loads = 2, [busy(4), busy(3)]
+    run.for_s(301)
+    assert [d for _, d in run.changes] == [Decision(1, "load", "down")]
+
+
 def test_up_is_capped_by_max_and_each_step_waits_a_whole_delay():
     run = Run(autoscaler(), current=1, loads=[busy(running=100)])
     run.for_s(25)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
 import aiohttp
@@ -37,6 +38,7 @@ class Upstream:
         self.break_after: int | None = None
         self.big: bytes = b""
         self.partial_body = False  # a non-streamed body: half of it, then a stall
+        self.end_gap_s = 0.0  # between [DONE] and the end of the response
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         self.connections.add(request.transport.get_extra_info("peername"))
@@ -69,6 +71,7 @@ class Upstream:
             if self.gap_s:
                 await asyncio.sleep(self.gap_s)
         await response.write(b"data: [DONE]\n\n")
+        await asyncio.sleep(self.end_gap_s)
         await response.write_eof()
         return response
 
@@ -277,6 +280,22 @@ def test_client_leaving_while_reading_is_paused_aborts_the_upstream_request():
         return await left(upstream, gateway)
 
     assert run(scenario) == (True, 0, 0)
+
+
+def test_a_client_that_leaves_after_done_is_counted_not_logged_as_a_server_error(caplog):
+    # As the openai client does: it stops reading at [DONE], before the response's end.
+    async def scenario(upstream, gateway, client, url):
+        upstream.end_gap_s = 0.5
+        reader, writer = await raw_request(url, BODY)
+        await reader.readuntil(b"data: [DONE]")
+        writer.close()
+        replica = gateway.replica_set.replicas()[0]
+        await until(lambda: replica.num_inflight == 0)
+        return gateway.metrics.errors.labels("m", "client_disconnect")._value.get()
+
+    with caplog.at_level(logging.DEBUG, logger="aiohttp"):
+        assert run(scenario) == 1
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_slow_client_gets_every_byte():
