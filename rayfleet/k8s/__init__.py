@@ -1,0 +1,1 @@
+"""KubeRay and monitoring manifests rendered from fleet.yaml."""
