@@ -47,9 +47,7 @@ FUNCTIONS = frozenset(
     }
 )  # fmt: skip
 _KEYWORDS = frozenset({"and", "or", "unless", "bool", "offset"})
-_LABEL_LIST_KEYWORDS = frozenset(
-    {"by", "without", "on", "ignoring", "group_left", "group_right"}
-)
+_LABEL_LIST_KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
 _TOKEN = re.compile(
     r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\''  # strings
     r"|\{[^}]*\}|\[[^\]]*\]"  # label matchers, ranges
@@ -123,9 +121,8 @@ def _check_brackets(expr: str) -> None:
             in_string = char
         elif char in _OPEN:
             stack.append(_OPEN[char])
-        elif char in ")]}":
-            if not stack or stack.pop() != char:
-                raise ExpressionError(f"unbalanced {char!r} in: {expr}")
+        elif char in ")]}" and (not stack or stack.pop() != char):
+            raise ExpressionError(f"unbalanced {char!r} in: {expr}")
     if stack or in_string:
         raise ExpressionError(f"unclosed {''.join(stack) or in_string!r} in: {expr}")
 
