@@ -13,6 +13,7 @@ from rich.console import Console
 
 from rayfleet.bench.command import app as bench_app
 from rayfleet.control.command import apply, down, scale, status, up
+from rayfleet.control.gateway_command import gateway
 from rayfleet.doctor.command import doctor
 from rayfleet.errors import RayfleetError
 from rayfleet.gateway.command import app as keys_app
@@ -31,6 +32,7 @@ app.command()(status)
 app.command()(down)
 app.command()(apply)
 app.command()(scale)
+app.command()(gateway)
 app.command()(plan)
 app.command()(doctor)
 app.add_typer(models_app, name="models")

@@ -112,12 +112,8 @@ class FleetProcess:
             self.node_ip = await asyncio.to_thread(_this_node_ip)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
-            await asyncio.to_thread(refuse_unplaceable, self.config)
             gateway = self._gateway()
-            self.say(f"deploying {len(self.config.models)} model(s); vLLM logs in {self.log_dir}")
-            self.registry = await asyncio.to_thread(
-                deploy, self.config, self.log_dir, dict(self.scaler.targets)
-            )
+            await self._start_replicas()
             runner = await start_gateway(
                 gateway, self.config.gateway.host, self.config.gateway.port
             )
@@ -148,6 +144,14 @@ class FleetProcess:
                 await runner.cleanup()
             await asyncio.to_thread(self._shutdown)
             clear_state()
+
+    async def _start_replicas(self) -> None:
+        """Deploy every model at its starting count, keeping the registry's handle."""
+        await asyncio.to_thread(refuse_unplaceable, self.config)
+        self.say(f"deploying {len(self.config.models)} model(s); vLLM logs in {self.log_dir}")
+        self.registry = await asyncio.to_thread(
+            deploy, self.config, self.log_dir, dict(self.scaler.targets)
+        )
 
     def _gateway(self) -> Gateway:
         """The gateway, and the scaler that reads it; elastic models hold requests."""

@@ -97,9 +97,15 @@ def pick_core(
     return min(range(num_cores), key=lambda c: (load[c], same_model[c], c))
 
 
-def get_or_create_registry() -> ActorHandle[Any]:
+def get_or_create_registry(*, detached: bool = False) -> ActorHandle[Any]:
+    """The fleet's registry, made if missing. ``rayfleet up`` owns it (it goes with the
+    fleet); where Serve's own config deploys the replicas (control/serve_app.py) no one
+    process does, so it is made ``detached`` and lives as long as the cluster."""
     options = FleetRegistry.options(  # type: ignore[attr-defined]
-        name=REGISTRY_NAME, namespace=NAMESPACE, get_if_exists=True, lifetime=None
+        name=REGISTRY_NAME,
+        namespace=NAMESPACE,
+        get_if_exists=True,
+        lifetime="detached" if detached else None,
     )
     handle: ActorHandle[Any] = options.remote()
     return handle
