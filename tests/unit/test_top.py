@@ -1,0 +1,376 @@
+"""`rayfleet top` without a fleet: rates, quantiles and the merge of status and metrics on
+exposition text the gateway's own metrics class writes, the table a fixed-width console
+shows, the keys and the terminal on a pseudo-terminal, and the command's answers."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import subprocess
+import sys
+import termios
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from rich.console import Console
+
+from rayfleet.control import top
+from rayfleet.control.state import RunState
+from rayfleet.control.top import Scrape, bucket_increase, build_frame, increase, quantile
+from rayfleet.control.top_view import Keys, render, watch
+from rayfleet.gateway.metrics import GatewayMetrics
+
+
+class FleetMetrics:
+    """The gateway's metrics, plus the per-replica vLLM series it republishes."""
+
+    def __init__(self) -> None:
+        self.gateway = GatewayMetrics()
+        self.replicas = CollectorRegistry()
+        labels = ["model", "replica"]
+        self.running = Gauge(top.RUNNING, "r", labels, registry=self.replicas)
+        self.waiting = Gauge(top.WAITING, "w", labels, registry=self.replicas)
+        self.kv = Gauge(top.KV_USAGE, "kv", labels, registry=self.replicas)
+        self.hit = Gauge(top.HIT_RATE, "hit", labels, registry=self.replicas)
+        self.tokens = Counter(top.TOKENS, "tokens", labels, registry=self.replicas)
+
+    def answer(self, model: str, replica: str, ttfb_s: float, num: int = 1) -> None:
+        for _ in range(num):
+            self.gateway.requests.labels(model, replica, "200").inc()
+            self.gateway.ttfb.labels(model, replica).observe(ttfb_s)
+
+    def text(self) -> str:
+        return (self.gateway.render() + generate_latest(self.replicas)).decode()
+
+
+def replica(rid: str, model: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "replica_id": rid,
+        "model": model,
+        "url": f"http://127.0.0.1:1/{rid}",
+        "pid": 4242,
+        "healthy": True,
+        "draining": False,
+        "inflight": 0,
+        **fields,
+    }
+
+
+def status_report(**overrides: Any) -> dict[str, Any]:
+    report = {
+        "phase": "ready",
+        "gateway_url": "http://127.0.0.1:8000",
+        "models": {"tiny": 1, "big": 0},
+        "replicas": [
+            replica("tiny#a", "tiny", inflight=2),
+            replica("tiny#b", "tiny", draining=True, inflight=1, pid=4343),
+        ],
+        "scaling": {
+            "tiny": {
+                "target": 1,
+                "window": None,
+                "states": {"serving": 1, "draining": 1, "cooling_down": 0, "starting": 0},
+            },
+            "big": {
+                "target": 1,
+                "window": "00:00-06:00",
+                "states": {"serving": 0, "draining": 0, "cooling_down": 0, "starting": 1},
+            },
+        },
+    }
+    report.update(overrides)
+    return report
+
+
+def two_scrapes() -> tuple[Scrape, Scrape]:
+    """tiny#a answers 6 requests (3 at 20 ms, 3 at 200 ms) and generates 200 tokens in
+    2 s; tiny#b answers 2 at 3 s; a fallback provider answers 1."""
+    metrics = FleetMetrics()
+    metrics.answer("tiny", "tiny#a", 0.02, num=10)
+    metrics.tokens.labels("tiny", "tiny#a").inc(100)
+    before = Scrape(100.0, status_report(), top.parse_metrics(metrics.text()))
+    metrics.answer("tiny", "tiny#a", 0.02, num=3)
+    metrics.answer("tiny", "tiny#a", 0.2, num=3)
+    metrics.answer("tiny", "tiny#b", 3.0, num=2)
+    metrics.answer("tiny", "fallback:openai", 0.5)
+    metrics.tokens.labels("tiny", "tiny#a").inc(200)
+    metrics.running.labels("tiny", "tiny#a").set(2)
+    metrics.waiting.labels("tiny", "tiny#a").set(3)
+    metrics.kv.labels("tiny", "tiny#a").set(0.5)
+    metrics.kv.labels("tiny", "tiny#b").set(0.3)
+    metrics.hit.labels("tiny", "tiny#a").set(0.75)
+    return before, Scrape(102.0, status_report(), top.parse_metrics(metrics.text()))
+
+
+def test_counter_increase_counts_new_series_from_zero_and_survives_a_reset():
+    before = top.parse_metrics('x_total{a="1"} 5\nx_total{a="2"} 9\n')
+    after = top.parse_metrics('x_total{a="1"} 8\nx_total{a="2"} 4\nx_total{a="3"} 2\n')
+    assert increase(before, after, "x_total", {}) == 3 + 4 + 2
+    assert increase(before, after, "x_total", {"a": "1"}) == 3
+    assert increase(before, after, "y_total", {}) is None
+
+
+def test_quantile_interpolates_inside_the_bucket_as_prometheus_does():
+    buckets = [(0.1, 0.0), (0.25, 3.0), (0.5, 6.0), (float("inf"), 6.0)]
+    assert quantile(0.5, buckets) == pytest.approx(0.25)  # rank 3: the top of (0.1, 0.25]
+    assert quantile(0.99, buckets) == pytest.approx(0.25 + 0.25 * 2.94 / 3)
+    assert quantile(0.1, [(1.0, 4.0), (float("inf"), 4.0)]) == pytest.approx(0.1)  # from 0
+    assert quantile(0.99, [(1.0, 1.0), (float("inf"), 4.0)]) == 1.0  # in +Inf: highest bound
+    assert quantile(0.5, [(1.0, 0.0), (float("inf"), 0.0)]) is None
+
+
+def test_quantile_of_bucket_deltas_falls_in_the_bucket_of_the_true_quantile():
+    rng = random.Random(7)
+    metrics = FleetMetrics()
+    for _ in range(200):  # before the interval: all slow, and they must not count
+        metrics.answer("m", "r", 20.0)
+    before = top.parse_metrics(metrics.text())
+    observed = [rng.lognormvariate(-2.5, 1.0) for _ in range(500)]
+    for value in observed:
+        metrics.answer("m", "r", value)
+    buckets = bucket_increase(before, top.parse_metrics(metrics.text()), top.TTFT, {"model": "m"})
+    assert buckets[-1] == (float("inf"), 500.0)
+    bounds = [0.0] + [bound for bound, _ in buckets]
+    for q in (0.5, 0.9, 0.99):
+        truth = float(np.quantile(observed, q))
+        i = next(i for i, bound in enumerate(bounds) if truth <= bound)
+        assert bounds[i - 1] <= quantile(q, buckets) <= bounds[i]
+
+
+def test_frame_merges_status_and_metrics_per_model_and_replica():
+    before, after = two_scrapes()
+    frame = build_frame(before, after)
+    assert frame.interval_s == 2.0 and frame.phase == "ready"
+    tiny, big = frame.models
+    assert (tiny.row.name, tiny.target, tiny.window) == ("tiny", 1, None)
+    assert tiny.row.state == "1 serving, 1 draining"
+    assert tiny.row.inflight == 3
+    assert tiny.row.requests == 10 + 6 + 2 + 1
+    assert tiny.row.req_s == pytest.approx(9 / 2)
+    assert tiny.row.kv_usage == pytest.approx(0.4)  # the mean of 0.5 and 0.3
+    a, b, fallback = tiny.replicas
+    assert (a.name, a.state, a.pid, a.inflight) == ("tiny#a", "serving", 4242, 2)
+    assert a.req_s == pytest.approx(3.0) and a.tokens_s == pytest.approx(100.0)
+    # the interval's 3 at 20 ms and 3 at 200 ms; the 10 earlier ones do not count
+    assert a.ttft_p50_s == pytest.approx(0.025)
+    assert a.ttft_p99_s == pytest.approx(0.1 + 0.15 * 2.94 / 3)
+    assert (a.running, a.waiting, a.kv_usage, a.hit_rate) == (2, 3, 0.5, 0.75)
+    assert (b.state, b.pid, b.tokens_s, b.running, b.hit_rate) == (
+        "draining",
+        4343,
+        None,
+        None,
+        None,
+    )
+    assert 2.5 <= b.ttft_p50_s <= 5.0
+    assert (fallback.name, fallback.state, fallback.requests) == ("fallback:openai", "fallback", 1)
+    assert (big.row.state, big.target, big.window) == ("1 starting", 1, "00:00-06:00")
+    assert [(r.name, r.state) for r in big.replicas] == [("-", "starting")]
+    assert big.row.requests is None and big.row.ttft_p50_s is None
+
+
+def test_first_frame_has_counts_but_no_rates():
+    _, after = two_scrapes()
+    (a, *_) = build_frame(None, after).models[0].replicas
+    assert a.requests == 16 and a.kv_usage == 0.5
+    assert a.req_s is a.tokens_s is a.ttft_p50_s is None
+
+
+def test_states_come_from_the_replicas_when_the_report_has_no_scaling():
+    _, after = two_scrapes()
+    report = status_report(scaling={})
+    (tiny, big) = build_frame(None, Scrape(1.0, report, after.samples)).models
+    assert tiny.row.state == "1 serving, 1 draining" and tiny.target is None
+    assert big.row.state == "no replica"
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    """Each table line's cells, by its first cell."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.replace("┃", "│").strip().strip("│").split("│")]
+        if len(cells) > 1 and cells[0]:
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_render_shows_every_cell_on_a_fixed_width_console():
+    console = Console(width=200, file=io.StringIO(), color_system=None)
+    console.print(render(build_frame(*two_scrapes()), every_s=2.0))
+    text = console.file.getvalue()
+    assert "rayfleet top: fleet ready at http://127.0.0.1:8000/v1" in text
+    assert "every 2 s, q quits" in text
+    assert "over the last 2.0 s" in text and "first-byte histogram" in text
+    rows = table_rows(text)
+    header = rows["model / replica"]
+    assert header[:4] == ["state", "pid", "in flight", "run"] and header[-2:] == [
+        "target",
+        "window",
+    ]
+    # tiny's interval: 3 at 20 ms, 3 at 200 ms, 1 at 500 ms, 2 at 3 s. p50: rank 4.5 in
+    # (0.1, 0.25] above 3, 0.1 + 0.15 * 1.5 / 3; p99: rank 8.91 in (2.5, 5] above 7.
+    assert rows["tiny"] == [
+        "1 serving, 1 draining", "", "3", "2", "3", "19", "4.5", "100.0",
+        "175 ms", "4.89 s", "40%", "75%", "1", "-",
+    ]  # fmt: skip
+    assert rows["tiny#a"] == [
+        "serving", "4242", "2", "2", "3", "16", "3.0", "100.0",
+        "25 ms", "247 ms", "50%", "75%", "", "",
+    ]  # fmt: skip
+    assert rows["tiny#b"][:8] == ["draining", "4343", "1", "-", "-", "2", "1.0", "-"]
+    assert rows["fallback:openai"][:2] == ["fallback", ""]
+    assert rows["big"][0] == "1 starting" and rows["big"][-2:] == ["1", "00:00-06:00"]
+    assert rows["-"][0] == "starting"
+
+
+@pytest.fixture
+def terminal() -> Iterator[tuple[int, int]]:
+    """A pseudo-terminal: (the keyboard's end, the program's end)."""
+    keyboard, program = os.openpty()
+    yield keyboard, program
+    os.close(keyboard)
+    os.close(program)
+
+
+def test_keys_read_one_key_at_a_time_and_restore_the_terminal(terminal):
+    keyboard, program = terminal
+    saved = termios.tcgetattr(program)
+    with Keys(program) as keys:
+        lflag = termios.tcgetattr(program)[3]
+        assert not lflag & termios.ICANON and not lflag & termios.ECHO
+        os.write(keyboard, b"x")
+        assert not keys.quit_within(0.05)
+        os.write(keyboard, b"q")
+        assert keys.quit_within(5.0)
+    assert termios.tcgetattr(program) == saved
+
+
+class TtyStdin:
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def isatty(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self.fd
+
+
+def watched(program: int, fetches: list[Any], monkeypatch: pytest.MonkeyPatch) -> str:
+    """What ``watch`` wrote, fed ``fetches``: a Scrape, a function returning one, or an
+    exception to raise."""
+    monkeypatch.setattr(sys, "stdin", TtyStdin(program))
+    calls = iter(fetches)
+
+    def fetch() -> Scrape:
+        answer = next(calls)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer() if callable(answer) else answer
+
+    console = Console(width=200, file=io.StringIO(), force_terminal=True, color_system=None)
+    watch(fetch, 0.01, console)
+    return console.file.getvalue()
+
+
+def test_watch_quits_on_q_and_leaves_the_screen_and_terminal_as_they_were(terminal, monkeypatch):
+    keyboard, program = terminal
+    saved = termios.tcgetattr(program)
+    before, after = two_scrapes()
+
+    def press_q() -> Scrape:  # once the view is up: a key typed earlier is flushed
+        os.write(keyboard, b"q")
+        return after
+
+    out = watched(program, [before, press_q], monkeypatch)
+    assert termios.tcgetattr(program) == saved
+    assert "\x1b[?1049h" in out and out.rstrip().endswith("\x1b[?1049l")  # alternate screen
+    assert "tiny#a" in out
+
+
+def test_ctrl_c_and_a_fleet_gone_quiet_leave_the_terminal_restored(terminal, monkeypatch):
+    _, program = terminal
+    saved = termios.tcgetattr(program)
+    before, after = two_scrapes()
+    gone = top.RayfleetError("the gateway does not answer")
+    out = watched(program, [before, after, gone, KeyboardInterrupt()], monkeypatch)
+    assert termios.tcgetattr(program) == saved
+    assert "the gateway does not answer (showing the last answer; retrying)" in out
+    assert out.rstrip().endswith("\x1b[?1049l")
+
+
+def _rayfleet(*args: str, home: Path, columns: str = "200") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rayfleet.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"RAYFLEET_HOME": str(home), "PATH": "", "COLUMNS": columns},
+    )
+
+
+def test_top_without_a_fleet_says_how_to_start_one(tmp_path):
+    result = _rayfleet("top", home=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1
+    assert "no fleet is running" in result.stderr and "`rayfleet up`" in result.stderr
+
+
+@pytest.fixture
+def gateway(tmp_path) -> Iterator[tuple[str, FleetMetrics]]:
+    """A stand-in gateway serving a status report and the metrics' exposition."""
+    metrics = FleetMetrics()
+    metrics.answer("tiny", "tiny#a", 0.02, num=4)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = (
+                json.dumps(status_report()).encode()
+                if self.path == "/rayfleet/status"
+                else metrics.text().encode()
+            )
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", metrics
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_top_once_prints_one_frame_from_the_gateway(tmp_path, gateway):
+    url, _ = gateway
+    RunState(pid=os.getpid(), gateway_url=url, phase="ready").save(tmp_path / "run" / "fleet.json")
+    result = _rayfleet("top", "--once", "--interval", "0.2", home=tmp_path, columns="80")
+    assert result.returncode == 0, result.stderr
+    rows = table_rows(result.stdout)
+    assert rows["tiny"][0] == "1 serving, 1 draining"
+    assert rows["tiny#a"][:6] == ["serving", "4242", "2", "-", "-", "4"]
+    assert f"fleet ready at {url}/v1" in result.stdout
+
+
+def test_top_on_a_gateway_that_does_not_answer_says_so_in_one_line(tmp_path):
+    dead = "http://127.0.0.1:1"
+    RunState(pid=os.getpid(), gateway_url=dead, log_dir="/tmp/x").save(
+        tmp_path / "run" / "fleet.json"
+    )
+    result = _rayfleet("top", "--once", home=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and f"gateway at {dead} does not answer" in result.stderr
