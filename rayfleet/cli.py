@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from rayfleet.bench.command import app as bench_app
-from rayfleet.control.command import apply, down, scale, status, up
+from rayfleet.control.command import apply, down, scale, status, top, up
 from rayfleet.control.gateway_command import gateway
 from rayfleet.doctor.command import doctor
 from rayfleet.errors import RayfleetError
@@ -29,6 +29,7 @@ app = typer.Typer(
 )
 app.command()(up)
 app.command()(status)
+app.command()(top)
 app.command()(down)
 app.command()(apply)
 app.command()(scale)

@@ -1,5 +1,6 @@
-"""``rayfleet up``, ``rayfleet status`` and ``rayfleet down``: parse, call one function of
-rayfleet/control/lifecycle.py, print. Nothing heavy is imported before a command runs."""
+"""``rayfleet up``, ``status``, ``top`` and ``down``: parse, call one function of
+rayfleet/control/lifecycle.py (top.py and top_view.py for ``top``), print. Nothing heavy is
+imported before a command runs."""
 
 from __future__ import annotations
 
@@ -178,6 +179,35 @@ def _print_status(report: dict[str, Any]) -> None:
         for rank in ranks if len(ranks) > 1 else []:
             replicas.add_row(f"  rank {rank['rank']}", _node(rank), "", str(rank["pid"]), "", "")
     out.print(replicas)
+
+
+def top(
+    interval_s: float = typer.Option(
+        2.0,
+        "--interval",
+        min=0.1,
+        help="Seconds between refreshes; req/s, tokens/s and TTFT are over this interval.",
+    ),
+    once: bool = typer.Option(
+        False,
+        "--once",
+        help="Print one frame (rates over one interval) and exit; what runs when standard "
+        "output is not a terminal.",
+    ),
+) -> None:
+    """Watch the running fleet live, like `top`: every model and replica with its state,
+    requests in flight, req/s, tokens/s, TTFT p50/p99, KV cache usage, prefix-cache hit
+    rate, and each model's window and target replicas. `q` quits."""
+    from rayfleet.control import lifecycle
+    from rayfleet.control.top import scrape
+    from rayfleet.control.top_view import print_once, watch
+
+    state = lifecycle.running_state()
+    out = Console()
+    if once or not out.is_terminal:
+        print_once(lambda: scrape(state), interval_s, out)
+    else:
+        watch(lambda: scrape(state), interval_s, out)
 
 
 def _node(where: dict[str, Any]) -> str:
