@@ -10,6 +10,7 @@
     routing.py   RoutingConfig: the replica policy of a model (models[].routing)
     autoscaling.py  AutoscalingConfig and ScheduleWindow: a model's replica bounds,
                  load target and weekly windows (models[].autoscaling, .schedules)
+    kubernetes.py  KubernetesConfig: the KubeRay layout `rayfleet k8s render` writes
     messages.py  a validation error as one line: field path, reason, "did you mean"
     base.py      StrictModel, the base of every section (unknown keys are errors)
 
@@ -40,6 +41,7 @@ from rayfleet.config.gateway import (
     RuleConfig,
     TimeWindow,
 )
+from rayfleet.config.kubernetes import KubernetesConfig
 from rayfleet.config.messages import did_you_mean
 from rayfleet.config.routing import RoutingConfig
 
@@ -51,6 +53,7 @@ __all__ = [
     "FallbackConfig",
     "FleetConfig",
     "GatewayConfig",
+    "KubernetesConfig",
     "LimitsConfig",
     "ModelConfig",
     "PriorityClassConfig",

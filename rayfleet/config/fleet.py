@@ -57,6 +57,7 @@ from rayfleet.config.autoscaling import AutoscalingConfig, Schedules, replica_co
 from rayfleet.config.base import StrictModel
 from rayfleet.config.cluster import ClusterConfig
 from rayfleet.config.gateway import GatewayConfig
+from rayfleet.config.kubernetes import KubernetesConfig
 from rayfleet.config.messages import describe
 from rayfleet.config.routing import RoutingConfig
 from rayfleet.config.shape import shape_problem
@@ -208,6 +209,7 @@ class FleetConfig(StrictModel):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     models: list[ModelConfig] = Field(min_length=1, description="Models to serve.")
+    kubernetes: KubernetesConfig | None = Field(default=None, description="`rayfleet k8s render`.")
 
     @model_validator(mode="after")
     def _unique_names(self) -> FleetConfig:
