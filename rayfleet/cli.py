@@ -17,6 +17,7 @@ from rayfleet.control.gateway_command import gateway
 from rayfleet.doctor.command import doctor
 from rayfleet.errors import RayfleetError
 from rayfleet.gateway.command import app as keys_app
+from rayfleet.k8s.command import app as k8s_app
 from rayfleet.models.command import app as models_app
 from rayfleet.planner.command import plan
 from rayfleet.sim.command import app as sim_app
@@ -40,6 +41,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(bench_app, name="bench")
 app.add_typer(keys_app, name="keys")
 app.add_typer(sim_app, name="sim")
+app.add_typer(k8s_app, name="k8s")
 
 
 def main() -> None:
