@@ -2,6 +2,10 @@
 
     parse_engine_load(text) -> EngineLoad(running, waiting, kv_cache_usage)
     await fetch_load(session, url, timeout_s) -> EngineLoad     GET url + "/metrics"
+    parse_engine_stats(text) -> EngineStats(load, prefix cache hits and queries,
+                                            generation tokens)
+    await fetch_stats(session, url, timeout_s) -> EngineStats   the same, for the gateway's
+                                                                republished gauges
     LoadUnavailable                                             no answer, or no gauges
 
 Three of vLLM's own gauges (vllm/v1/metrics/loggers.py, vLLM 0.32):
@@ -10,9 +14,12 @@ label sets (one per engine of a data-parallel server); ``vllm:kv_cache_usage_per
 (a fraction, 1 = full) is their mean. The autoscaler (control/autoscaler.py) reads
 running + waiting against ``target_load_per_replica`` and the KV fraction against
 ``kv_cache_high``; a draining replica (control/drain.py) waits for running + waiting
-to reach zero.
+to reach zero. ``EngineStats`` adds three counters, summed over engines, each None when
+the server does not export it: ``vllm:prefix_cache_hits_total`` and
+``vllm:prefix_cache_queries_total`` (tokens) and ``vllm:generation_tokens_total``; the
+gateway republishes them per replica (gateway/replica_gauges.py).
 
-Only the lines of those three families go through prometheus_client's parser: a whole
+Only the lines of the families read go through prometheus_client's parser: a whole
 ``/metrics`` of the tiny model is 48 KB of mostly histograms, 5.5 ms to parse whole
 against 0.23 ms for the filtered lines (this machine, tests/unit/data/vllm_metrics.txt),
 and the scaler reads every replica every second.
@@ -29,6 +36,10 @@ RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 _GAUGES = (RUNNING, WAITING, KV_CACHE_USAGE)
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+_STATS = (*_GAUGES, PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES, GENERATION_TOKENS)
 
 
 class LoadUnavailable(Exception):
@@ -49,16 +60,61 @@ class EngineLoad:
         return self.running + self.waiting
 
 
+@dataclass(frozen=True)
+class EngineStats:
+    """An engine's load and its counters since it started (None: not exported)."""
+
+    load: EngineLoad
+    prefix_cache_hits: float | None
+    prefix_cache_queries: float | None
+    generation_tokens: float | None
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        """Prompt tokens found cached over tokens looked up since start (0 before any)."""
+        if self.prefix_cache_hits is None or self.prefix_cache_queries is None:
+            return None
+        if self.prefix_cache_queries <= 0:
+            return 0.0
+        return self.prefix_cache_hits / self.prefix_cache_queries
+
+
 def parse_engine_load(text: str) -> EngineLoad:
     """The load in a vLLM ``/metrics`` text; LoadUnavailable if a gauge is missing."""
-    samples: dict[str, list[float]] = {name: [] for name in _GAUGES}
+    return _load_of(_samples(text, _GAUGES))
+
+
+def parse_engine_stats(text: str) -> EngineStats:
+    """The load and counters in a vLLM ``/metrics`` text; LoadUnavailable if a gauge of
+    the load is missing (a missing counter is None)."""
+    samples = _samples(text, _STATS)
+
+    def total(name: str) -> float | None:
+        return sum(samples[name]) if samples[name] else None
+
+    return EngineStats(
+        load=_load_of(samples),
+        prefix_cache_hits=total(PREFIX_CACHE_HITS),
+        prefix_cache_queries=total(PREFIX_CACHE_QUERIES),
+        generation_tokens=total(GENERATION_TOKENS),
+    )
+
+
+def _samples(text: str, names: tuple[str, ...]) -> dict[str, list[float]]:
+    """The values of the samples named ``names``, from their lines only."""
+    samples: dict[str, list[float]] = {name: [] for name in names}
     try:
-        for family in text_string_to_metric_families(_gauge_lines(text)):
-            if family.name in samples:
-                samples[family.name] += [s.value for s in family.samples if s.name == family.name]
+        for family in text_string_to_metric_families(_lines_of(text, names)):
+            for sample in family.samples:
+                if sample.name in samples:
+                    samples[sample.name].append(sample.value)
     except ValueError as exc:
         raise LoadUnavailable(f"unreadable /metrics text: {exc}") from None
-    missing = [name for name, values in samples.items() if not values]
+    return samples
+
+
+def _load_of(samples: dict[str, list[float]]) -> EngineLoad:
+    missing = [name for name in _GAUGES if not samples[name]]
     if missing:
         raise LoadUnavailable(
             f"/metrics has no {', '.join(missing)}; is this a vLLM server (0.32 or later)?"
@@ -73,20 +129,28 @@ def parse_engine_load(text: str) -> EngineLoad:
 
 async def fetch_load(session: aiohttp.ClientSession, url: str, timeout_s: float) -> EngineLoad:
     """The load of the vLLM server at ``url`` (http://host:port), within ``timeout_s``."""
+    return parse_engine_load(await _metrics_text(session, url, timeout_s))
+
+
+async def fetch_stats(session: aiohttp.ClientSession, url: str, timeout_s: float) -> EngineStats:
+    """The load and counters of the vLLM server at ``url``, within ``timeout_s``."""
+    return parse_engine_stats(await _metrics_text(session, url, timeout_s))
+
+
+async def _metrics_text(session: aiohttp.ClientSession, url: str, timeout_s: float) -> str:
     try:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         async with session.get(url + "/metrics", timeout=timeout) as response:
             if response.status != 200:
                 raise LoadUnavailable(f"{url}/metrics answered HTTP {response.status}")
-            text = await response.text()
+            return await response.text()
     except (TimeoutError, aiohttp.ClientError) as exc:
         raise LoadUnavailable(f"{url}/metrics: {type(exc).__name__} {exc}".rstrip()) from None
-    return parse_engine_load(text)
 
 
-def _gauge_lines(text: str) -> str:
-    """The lines of the three gauges (samples, HELP and TYPE), with nothing else."""
-    kept = [line for line in text.splitlines() if _metric_of(line) in _GAUGES]
+def _lines_of(text: str, names: tuple[str, ...]) -> str:
+    """The lines of the metrics ``names`` (samples, HELP and TYPE), with nothing else."""
+    kept = [line for line in text.splitlines() if _metric_of(line) in names]
     return "\n".join(kept) + "\n"
 
 

@@ -20,7 +20,8 @@ callable whose dict is merged into ``GET /rayfleet/status`` (nodes, Serve state)
 (benchmarks/gateway_cpu.py compares the two).
 
 Endpoints: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``,
-``/v1/embeddings``, ``/health``, ``/metrics`` and ``/rayfleet/status``.
+``/v1/embeddings``, ``/health``, ``/metrics`` (with each replica's vLLM gauges, read in a
+task of their own: replica_gauges.py) and ``/rayfleet/status``.
 Every response carries ``x-rayfleet-replica``: the replica that served it,
 ``fallback:<provider>``, or ``gateway`` when the gateway answered itself.
 Serve it with ``start_gateway``: a client that goes away cancels its handler
@@ -43,6 +44,7 @@ from rayfleet.gateway.dispatch import Dispatcher
 from rayfleet.gateway.errors import GATEWAY_REPLICA, REPLICA_HEADER, RequestError, openai_error
 from rayfleet.gateway.metrics import GatewayMetrics
 from rayfleet.gateway.policies import Policies
+from rayfleet.gateway.replica_gauges import PERIOD_S, ReplicaGauges
 from rayfleet.gateway.replicas import Entry, ReplicaSet
 from rayfleet.gateway.routing import build_replica_policy
 from rayfleet.gateway.upstream import TimeLimits
@@ -73,6 +75,7 @@ class Gateway:
         relay: bool = True,
         hold_s: dict[str, float] | None = None,
         extra_routes: list[Route] | None = None,
+        replica_metrics_period_s: float | None = PERIOD_S,
     ):
         self.policies = policies if policies is not None else Policies.plain(models)
         self.replica_set = ReplicaSet(
@@ -81,6 +84,14 @@ class Gateway:
             max_consecutive_failures=self.policies.max_consecutive_failures,
         )
         self.metrics = GatewayMetrics()
+        # Each replica's vLLM gauges on our /metrics (None: not read).
+        self.replica_gauges = (
+            ReplicaGauges(
+                self.replica_set, self.metrics.registry, period_s=replica_metrics_period_s
+            )
+            if replica_metrics_period_s is not None
+            else None
+        )
         self.dispatcher = Dispatcher(
             self.replica_set,
             self.policies,
@@ -101,6 +112,7 @@ class Gateway:
             _DEFAULT_MAX_BODY_BYTES
         )
         self._poller: asyncio.Task[None] | None = None
+        self._replica_reader: asyncio.Task[None] | None = None
 
     # -- application -----------------------------------------------------------------
 
@@ -129,12 +141,15 @@ class Gateway:
         if self.source is not None:
             await self.refresh()
             self._poller = asyncio.create_task(self._poll_forever())
+        if self.replica_gauges is not None:
+            self._replica_reader = asyncio.create_task(self.replica_gauges.run())
 
     async def _stop(self, _app: web.Application) -> None:
-        if self._poller:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
+        for task in (self._poller, self._replica_reader):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.dispatcher.close()
 
     async def reconfigure(
