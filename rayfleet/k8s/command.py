@@ -32,12 +32,16 @@ def render(
 ) -> None:
     """Write the fleet as KubeRay manifests that `kubectl apply -f OUT` takes.
 
-    configmap.yaml holds the fleet.yaml every pod reads; rayservice.yaml the RayService
-    (one Serve application per model, a head and one worker group per GPU count);
-    gateway.yaml the gateway's Deployment and Service, joining the head over Ray client;
-    monitoring.yaml PodMonitors, a PrometheusRule and a Grafana dashboard. Keys stay in
-    Secrets referenced by name; the command prints how to create them. Refuses, in one
-    line naming the field, a fleet that could not run as rendered.
+    configmap.yaml: the fleet.yaml every pod reads.
+
+    rayservice.yaml: the RayService, one Serve application per model.
+
+    gateway.yaml: the gateway's Deployment and Service, joining the head over Ray client.
+
+    monitoring.yaml: PodMonitors, a PrometheusRule and a Grafana dashboard.
+
+    Keys stay in Secrets referenced by name; the command prints how to create them.
+    A fleet that could not run as rendered is refused in one line naming the field.
     """
     from rayfleet.config import load_fleet
     from rayfleet.k8s.render import (
