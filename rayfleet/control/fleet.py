@@ -10,7 +10,8 @@ started is gone. It keeps the run-state file (rayfleet/control/state.py) current
     deploy               Serve without its HTTP proxy (the gateway is the ingress),
                          the FleetRegistry, then every model's application at once,
                          each replica's vLLM started with config.engine_args_for(model)
-    gateway              aiohttp on config.gateway.host:port, polling the registry
+    gateway              aiohttp on config.gateway.host:port, polling the registry;
+                         one JSON line per request in <log dir>/access.log
     wait_until_ready     progress per model until each has all its replicas, or a
                          clear error when Serve reports a deployment failed or Ray
                          still holds a replica's placement group back at
@@ -99,11 +100,13 @@ class FleetProcess:
             asyncio.run(self._main())
 
     async def _main(self) -> None:
+        from rayfleet.gateway.access_log import close_access_log, open_access_log
         from rayfleet.gateway.app import start_gateway
 
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         self.state.save()
+        access = open_access_log(self.log_dir / "access.log")  # one JSON line per request
         runner = None
         scaling: asyncio.Task[None] | None = None
         try:
@@ -143,6 +146,7 @@ class FleetProcess:
             if runner is not None:
                 await runner.cleanup()
             await asyncio.to_thread(self._shutdown)
+            close_access_log(access)
             clear_state()
 
     async def _start_replicas(self) -> None:

@@ -40,6 +40,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from rayfleet.gateway import access_log
 from rayfleet.gateway.dispatch import Dispatcher
 from rayfleet.gateway.errors import GATEWAY_REPLICA, REPLICA_HEADER, RequestError, openai_error
 from rayfleet.gateway.metrics import GatewayMetrics
@@ -121,6 +122,7 @@ class Gateway:
             middlewares=[_json_http_errors(self.max_body_bytes)],
             client_max_size=self.max_body_bytes,
         )
+        access_log.install(app)  # x-request-id on every answer; a JSON line per request
         app.router.add_get("/v1/models", self.list_models)
         for path in INPUT_FIELDS:
             app.router.add_post(path, self._proxy_for(path))

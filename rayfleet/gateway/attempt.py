@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from rayfleet.gateway.access_log import note_answer
 from rayfleet.gateway.errors import (
     GATEWAY_REPLICA,
     REPLICA_HEADER,
@@ -142,6 +143,7 @@ class Attempts:
                 self.metrics.ttfb.labels(target.model, target.label).observe(
                     exchange.first_byte_at - journey.started
                 )
+            note_answer(journey.request, exchange, outcome, journey.started)
             completed = outcome is Outcome.DONE
             return await self._conclude(journey, target, exchange, response, outcome, limits)
         except asyncio.CancelledError:

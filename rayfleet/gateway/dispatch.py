@@ -33,6 +33,7 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
+from rayfleet.gateway.access_log import REQUEST_ID_HEADER, note_admission, request_id
 from rayfleet.gateway.attempt import Attempts, Journey, Target, Unanswered
 from rayfleet.gateway.errors import RequestError
 from rayfleet.gateway.fallback import Provider
@@ -94,6 +95,7 @@ class Dispatcher:
     ) -> web.StreamResponse:
         """Send an admitted request to the fleet, falling back to a provider when allowed."""
         requested = admission.requested
+        note_admission(request, admission)
         if admission.key is not None:
             self.metrics.key_requests.labels(admission.key.name).inc()
         if admission.clamped:
@@ -221,6 +223,7 @@ class Dispatcher:
         for name in self._forwarded_headers:
             if name in request.headers:
                 headers[name] = request.headers[name]
+        headers[REQUEST_ID_HEADER] = request_id(request)  # the client's, or the one we made
         return headers
 
     def _limits_for(self, admission: Admission, base: TimeLimits) -> TimeLimits:

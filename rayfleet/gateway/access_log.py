@@ -1,0 +1,208 @@
+"""The gateway's request log: one JSON line per API request, and the request id.
+
+    open_access_log(path) -> handler  the fleet process: lines appended to ``path``
+    close_access_log(handler)
+    install(app)                      before the app starts: the outermost middleware and
+                                      a response-prepare hook
+    each request:  request id         the client's ``x-request-id`` when it is 1-128
+                                      printable ASCII characters without spaces, else a
+                                      new one (uuid4 hex); on every answer's headers,
+                                      errors and streams included, and sent to the replica
+                   note_admission     (dispatch.py) the model and route rule it went to
+                   note_answer        (attempt.py) time to first byte, and the usage of a
+                                      response that ended whole (found by a byte search
+                                      at its end, as attempt.usage_tokens does)
+                   one line           on the ``rayfleet.access`` logger, at INFO, once the
+                                      answer has ended (or the client left: status 499)
+
+A line (keys absent when unknown; never the prompt, the answer or a key)::
+
+    {"time": "2026-01-05T10:00:00.123Z", "request_id": "...", "path": "/v1/completions",
+     "model": "tiny", "route": "long_prompts", "replica": "tiny#a1b2",
+     "status": 200, "ttft_s": 0.041, "duration_s": 0.532, "prompt_tokens": 12,
+     "completion_tokens": 64, "error": "no_healthy_replica"}
+
+``replica`` is the ``x-rayfleet-replica`` of the answer: a replica id, ``fallback:<provider>``
+or ``gateway``; ``error`` is the code of an error the gateway answered itself.
+
+The fleet process writes the logger to ``access.log`` in its run's log directory
+(``open_access_log``). A line costs 13 us on this machine (formatting and an unbuffered
+write to the file: logging flushes each record), against a request's hundreds of us in
+the gateway; with no handler at INFO (a bare ``Gateway``) a request pays a level check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from rayfleet.gateway.errors import GATEWAY_REPLICA, REPLICA_HEADER
+from rayfleet.gateway.upstream import Exchange, Outcome
+from rayfleet.gateway.validate import INPUT_FIELDS
+
+if TYPE_CHECKING:
+    from rayfleet.gateway.policies import Admission
+
+log = logging.getLogger("rayfleet.access")
+
+REQUEST_ID_HEADER = "x-request-id"
+_CLIENT_ID = re.compile(r"[\x21-\x7e]{1,128}")
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class RequestRecord:
+    """What the gateway learns about one request, for its log line."""
+
+    request_id: str
+    started: float  # time.perf_counter()
+    model: str | None = None
+    route: str | None = None
+    ttft_s: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+RECORD = web.RequestKey("rayfleet_access_record", RequestRecord)
+
+
+def install(app: web.Application) -> None:
+    """Give every answer of ``app`` a request id, and log its API requests."""
+    app.middlewares.insert(0, _middleware)
+    app.on_response_prepare.append(_add_request_id)
+
+
+def request_id(request: web.Request) -> str:
+    """This request's id: the client's, when acceptable, else one made for it."""
+    record: RequestRecord | None = request.get(RECORD)
+    if record is not None:
+        return record.request_id
+    given = request.headers.get(REQUEST_ID_HEADER, "")
+    return given if _CLIENT_ID.fullmatch(given) else uuid.uuid4().hex
+
+
+def note_admission(request: web.Request, admission: Admission) -> None:
+    record: RequestRecord | None = request.get(RECORD)
+    if record is not None:
+        record.model = admission.requested
+        record.route = admission.route_rule
+
+
+def note_answer(request: web.Request, exchange: Exchange, outcome: Outcome, started: float) -> None:
+    """Time to first byte and, for an answer that ended whole, its token counts."""
+    record: RequestRecord | None = request.get(RECORD)
+    if record is None:
+        return
+    if exchange.first_byte_at:
+        record.ttft_s = exchange.first_byte_at - started
+    if outcome is Outcome.DONE and log.isEnabledFor(logging.INFO):
+        end = exchange.end()
+        record.prompt_tokens = _last_number(_PROMPT_TOKENS, end)
+        record.completion_tokens = _last_number(_COMPLETION_TOKENS, end)
+
+
+def open_access_log(path: Path) -> logging.Handler:
+    """Write the request log to ``path`` (appended, one JSON line per request); remove
+    and close the handler returned to stop."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False  # its own file; not the fleet's log
+    return handler
+
+
+def close_access_log(handler: logging.Handler) -> None:
+    """Stop writing to ``handler``'s file; the last one closed leaves the logger as found."""
+    log.removeHandler(handler)
+    handler.close()
+    if not log.handlers:
+        log.setLevel(logging.NOTSET)
+        log.propagate = True
+
+
+@web.middleware
+async def _middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    record = RequestRecord(request_id(request), time.perf_counter())
+    request[RECORD] = record
+    if request.path not in INPUT_FIELDS:
+        return await handler(request)
+    try:
+        response = await handler(request)
+    except asyncio.CancelledError:  # the client left; aiohttp cancelled the handler
+        from rayfleet.gateway.attempt import CLIENT_CLOSED
+
+        _write(record, request.path, CLIENT_CLOSED, None)
+        raise
+    except Exception:
+        _write(record, request.path, 500, None)
+        raise
+    _write(record, request.path, response.status, response)
+    return response
+
+
+async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """Every answer, whole or streamed, gets the id before its head is sent."""
+    record: RequestRecord | None = request.get(RECORD)
+    if record is not None:
+        response.headers[REQUEST_ID_HEADER] = record.request_id
+
+
+def _write(
+    record: RequestRecord, path: str, status: int, response: web.StreamResponse | None
+) -> None:
+    if not log.isEnabledFor(logging.INFO):
+        return
+    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    line: dict[str, Any] = {"time": now, "request_id": record.request_id, "path": path}
+    if record.model is not None:
+        line["model"] = record.model
+    if record.route is not None:
+        line["route"] = record.route
+    replica = response.headers.get(REPLICA_HEADER) if response is not None else None
+    if replica is not None:
+        line["replica"] = replica
+    line["status"] = status
+    if record.ttft_s is not None:
+        line["ttft_s"] = round(record.ttft_s, 6)
+    line["duration_s"] = round(time.perf_counter() - record.started, 6)
+    if record.prompt_tokens is not None:
+        line["prompt_tokens"] = record.prompt_tokens
+    if record.completion_tokens is not None:
+        line["completion_tokens"] = record.completion_tokens
+    if replica == GATEWAY_REPLICA and isinstance(response, web.Response):
+        error = _error_code(response.body)
+        if error is not None:
+            line["error"] = error
+    log.info(json.dumps(line, separators=(",", ":")))
+
+
+def _error_code(body: Any) -> str | None:
+    """The ``error.code`` of an OpenAI error body the gateway wrote itself."""
+    if not isinstance(body, bytes):
+        return None
+    try:
+        code = json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return str(code) if code is not None else None
+
+
+def _last_number(pattern: re.Pattern[bytes], end: bytes) -> int | None:
+    numbers = pattern.findall(end)  # the last one is the usage's
+    return int(numbers[-1]) if numbers else None
