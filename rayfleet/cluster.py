@@ -28,6 +28,7 @@ from rayfleet.errors import RayfleetError
 LOCAL = "local"
 AUTO = "auto"
 REACHABLE_TIMEOUT_S = 5.0
+CLIENT_ATTEMPTS = 3  # Ray client connections (see _join)
 
 
 def connect(
@@ -54,12 +55,7 @@ def connect(
                 logging_level=logging_level,
             )
         else:
-            ray.init(
-                address=address,
-                namespace=namespace,
-                log_to_driver=False,
-                logging_level=logging_level,
-            )
+            _join(address, namespace, logging_level)
     except (ConnectionError, RuntimeError) as exc:
         if address == LOCAL:
             raise RayfleetError(
@@ -67,6 +63,29 @@ def connect(
                 "/tmp/ray/session_latest/logs"
             ) from None
         raise RayfleetError(no_cluster(address, _first_line(exc), hint)) from None
+
+
+def _join(address: str, namespace: str | None, logging_level: int) -> None:
+    """``ray.init`` on a running cluster. A Ray client connection is tried up to
+    ``CLIENT_ATTEMPTS`` times: the head's client server starts one server process per
+    client, and on a busy head that start can miss its deadline ("Initialization failure
+    from server") while the next attempt succeeds."""
+    import ray
+
+    attempts = CLIENT_ATTEMPTS if address.startswith("ray://") else 1
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(
+                address=address,
+                namespace=namespace,
+                log_to_driver=False,
+                logging_level=logging_level,
+            )
+            return
+        except ConnectionError:
+            if attempt == attempts:
+                raise
+            ray.shutdown()
 
 
 @contextlib.contextmanager

@@ -10,12 +10,14 @@ replica: stopping it leaves them serving, and several gateways may run side by s
         connect_ray                the cluster at config.cluster.address
         registry                   get_or_create_registry(detached=True)
         targets                    each model's count as Serve runs it now
-        gateway, scaler            as in `rayfleet up`; a new target is written into the
-                                   Serve config through the dashboard's REST API
-                                   (declare_replicas): the model's deployment gets the new
-                                   num_replicas, every other application is sent back as
-                                   deployed; at zero the application is left out, and put
-                                   back from its last config when it scales up again
+        gateway, scaler            as in `rayfleet up`, but only the gateway the registry
+                                   names (lead_scaling) scales where several run; a new
+                                   target is written into the Serve config through the
+                                   dashboard's REST API (declare_replicas): the model's
+                                   deployment gets the new num_replicas, every other
+                                   application is sent back as deployed; at zero the
+                                   application is left out, and put back from its last
+                                   config when it scales up again
         shutdown                   this process's Ray connection only
 
 The REST write changes the live config only. KubeRay sends the RayService's
@@ -28,14 +30,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+import os
+import socket
+from typing import TYPE_CHECKING, Any
 
 from rayfleet.config import FleetConfig
 from rayfleet.control.apply import ApplyResult
 from rayfleet.control.fleet import FleetProcess, Say
 from rayfleet.errors import RayfleetError
 
+if TYPE_CHECKING:
+    from rayfleet.gateway.app import Gateway
+
 SERVE_CONFIG_KEYS = ("proxy_location", "http_options", "grpc_options", "target_capacity")
+LEAD_TTL_S = 10.0  # a gateway silent this long hands scaling to another
 
 
 class AttachedFleet(FleetProcess):
@@ -45,6 +53,17 @@ class AttachedFleet(FleetProcess):
         super().__init__(config, say=say)
         self.dashboard_url = dashboard_url
         self.declared: dict[str, dict[str, Any]] = {}  # app -> its last Serve config
+        self.holder = f"{socket.gethostname()}:{os.getpid()}"  # in the scaling lead
+
+    def _gateway(self) -> Gateway:
+        gateway = super()._gateway()
+        self.scaler.leads = self._leads_scaling
+        return gateway
+
+    async def _leads_scaling(self) -> bool:
+        assert self.registry is not None  # made before the scaler starts
+        leads: bool = await self.registry.lead_scaling.remote(self.holder, LEAD_TTL_S)
+        return leads
 
     async def _start_replicas(self) -> None:
         from rayfleet.control.registry import get_or_create_registry

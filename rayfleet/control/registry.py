@@ -6,7 +6,8 @@ namespace). A replica calls ``register(entry)`` once its vLLM server is healthy,
 ``deregister(replica_id)`` when it stops or finds its server dead. ``entries()``
 returns the live entries: a replica whose heartbeats stopped for ``stale_after_s``
 (its process was killed outright, its node died) drops out by itself.
-``claim_core`` spreads the CPU engines of one node over its cores.
+``claim_core`` spreads the CPU engines of one node over its cores. ``lead_scaling``
+picks the one gateway that scales where several serve one fleet (`rayfleet gateway`).
 
 An entry: ``{"replica_id", "model", "url", "node_id", "node_ip", "pid", "ranks",
 "state"}``, as the gateway's ``ReplicaSet.update`` reads it; ``state`` is ``serving``,
@@ -37,6 +38,7 @@ class FleetRegistry:
         self._entries: dict[str, Entry] = {}
         self._seen: dict[str, float] = {}
         self._cores: dict[str, tuple[str, str, int]] = {}  # claim -> (machine, model, core)
+        self._scaler: tuple[str, float] | None = None  # (holder, last renewed)
 
     def claim_core(self, machine: str, claim_id: str, model: str, num_cores: int) -> int:
         """The core of ``machine`` (a node's address) with the fewest claims, then fewest of
@@ -51,6 +53,16 @@ class FleetRegistry:
         core = pick_core(self._cores.values(), machine, model, num_cores)
         self._cores[claim_id] = (machine, model, core)
         return core
+
+    def lead_scaling(self, holder: str, ttl_s: float) -> bool:
+        """Whether ``holder`` is the one gateway that scales, where several run: the first
+        to ask leads, and keeps leading while it asks again within ``ttl_s``; another takes
+        over once it has gone quiet that long."""
+        now = time.monotonic()
+        if self._scaler is None or self._scaler[0] == holder or now - self._scaler[1] > ttl_s:
+            self._scaler = (holder, now)
+            return True
+        return False
 
     def register(self, entry: Entry) -> None:
         self._entries[entry["replica_id"]] = dict(entry)

@@ -17,6 +17,9 @@ held counts are in reach of this process, and windows need a clock tests can mov
                                              gateway in flight, gateway held)
         a new target -> set_target(model, n) (Serve), a scale event counted
     scaler.scale(model, n)               `rayfleet scale`: a fixed count, or a reason
+    scaler.leads                         where several gateways serve one fleet
+                                         (`rayfleet gateway`), asked every period:
+                                         only the gateway it says leads scales
     scaler.report()                      targets, windows, last decisions (status)
 
 Metrics (in the gateway's registry): ``rayfleet_target_replicas{model}``,
@@ -38,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from prometheus_client import Counter, Gauge
+from ray.exceptions import RayError
 
 from rayfleet.config import FleetConfig, ModelConfig
 from rayfleet.control.autoscaler import Autoscaler
@@ -112,6 +116,9 @@ class FleetScaler:
         self.targets = {m.name: initial_target(m, now) for m in config.models}
         self.fixed: dict[str, int] = {}  # `rayfleet scale` overrides
         self.paused: set[str] = set()  # models in a blue/green rollout
+        # Where several gateways serve one fleet, only the one ``leads`` says scales.
+        self.leads: Callable[[], Awaitable[bool]] | None = None
+        self.leading = True
         self.windows: dict[str, str | None] = {}
         self.decisions: dict[str, str] = {}
         self.scalers = {
@@ -139,13 +146,23 @@ class FleetScaler:
     async def run(self, period_s: float = SCALE_PERIOD_S) -> None:
         async with aiohttp.ClientSession() as session:
             while True:
-                for model in self.config.models:
+                self.leading = await self._leading()
+                for model in self.config.models if self.leading else ():
                     try:
                         await self._step(model, session)
                     except Exception:
                         log.exception("scaling step for %s failed", model.name)
                 self._publish()
                 await asyncio.sleep(period_s)
+
+    async def _leading(self) -> bool:
+        if self.leads is None:
+            return True
+        try:
+            return await self.leads()
+        except (RayError, ConnectionError) as exc:  # the registry is restarting: next period
+            log.warning("cannot tell whether this gateway leads scaling: %s", exc)
+            return False
 
     def reconfigure(self, config: FleetConfig) -> None:
         """Scale by ``config`` from now on (``rayfleet apply``): new models start at their
@@ -234,6 +251,11 @@ class FleetScaler:
         except KeyError:
             names = ", ".join(m.name for m in self.config.models)
             return f"no model '{model}' in the fleet ({names})"
+        if not self.leading:
+            return (
+                f"another gateway of this fleet scales model '{model}'; "
+                "run rayfleet scale where that gateway runs"
+            )
         bounds = self._bounds(config)
         if not bounds.min_replicas <= count <= bounds.max_replicas:
             where = f"window '{bounds.window}'" if bounds.window else "its autoscaling bounds"

@@ -1,15 +1,18 @@
 """The Kubernetes shape without Kubernetes: replicas deployed by Ray Serve's own config, as
-KubeRay's RayService submits it (the dashboard's REST API, applications built by
+KubeRay's RayService submits it (the serveConfigV2 `rayfleet k8s render` writes, sent
+through the dashboard's REST API; applications built by
 ``rayfleet.control.serve_app:build``), and ``rayfleet gateway`` in front of them over a
 Ray client connection, as from a pod outside the Ray cluster. The gateway serves the
 official openai client, changes a replica count through the Serve config without
-restarting a replica, and leaves the replicas serving when it stops."""
+restarting a replica, and leaves the replicas serving when it stops. A second gateway
+serves the same fleet but leaves scaling to the first, until the first stops."""
 
 from __future__ import annotations
 
 import contextlib
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,9 @@ import pytest
 from ray.cluster_utils import Cluster
 from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
 
+from rayfleet.config import load_fleet
 from rayfleet.control.engine import free_port
+from rayfleet.k8s.rayservice import serve_config
 from tests.integration.fleet import (
     RAYFLEET,
     RunningFleet,
@@ -51,45 +56,81 @@ def head() -> Iterator[tuple[Cluster, str, str]]:
         cluster.shutdown()
 
 
-def serve_config(config_path: Path) -> dict[str, Any]:
-    """What a RayService's serveConfigV2 holds for this fleet."""
-    return {
-        "proxy_location": "Disabled",
-        "applications": [
-            {
-                "name": "tiny",
-                "import_path": "rayfleet.control.serve_app:build",
-                "args": {"model": "tiny", "config": str(config_path)},
-            }
-        ],
-    }
+def rendered_serve_config(config_path: Path) -> dict[str, Any]:
+    """serveConfigV2 as `rayfleet k8s render` writes it, the fleet file read from here
+    instead of the ConfigMap's mount."""
+    rendered = serve_config(load_fleet(config_path))
+    for app in rendered["applications"]:
+        app["args"]["config"] = str(config_path)
+    return rendered
+
+
+@dataclass
+class Gateway:
+    """One `rayfleet gateway` process, with a RAYFLEET_HOME (its state file) of its own."""
+
+    fleet: RunningFleet
+    process: subprocess.Popen[bytes]
+
+    def log(self) -> str:
+        return (self.fleet.home / "gateway.log").read_text(errors="replace")[-3000:]
+
+
+@contextlib.contextmanager
+def running_gateway(home: Path, config_path: Path, dashboard: str) -> Iterator[Gateway]:
+    """`rayfleet gateway` on a port of its own, ready; killed on exit if still running."""
+    fleet = RunningFleet(home=home, port=free_port(), config_path=config_path)
+    argv = [*RAYFLEET, "gateway", "-c", str(config_path), "--dashboard", dashboard]
+    argv += ["--port", str(fleet.port)]
+    with open(home / "gateway.log", "wb") as log:
+        process = subprocess.Popen(argv, env=fleet.env(), stdout=log, stderr=subprocess.STDOUT)
+    gateway = Gateway(fleet, process)
+    try:
+        ready = wait_until(lambda: _phase(gateway), START_TIMEOUT_S, 1.0)
+        assert ready == "ready", gateway.log()
+        yield gateway
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        process.wait(timeout=60)
+
+
+def _phase(gateway: Gateway) -> str | None:
+    """The gateway's phase once past starting ("ready", "failed", "exited N"); else None."""
+    if gateway.process.poll() is not None:
+        return f"exited {gateway.process.returncode}"
+    fleet = gateway.fleet
+    phase = fleet.state().get("phase") if fleet.state_file.exists() else None
+    return None if phase in (None, "starting") else str(phase)
+
+
+@dataclass
+class Attached:
+    gateway: Gateway
+    serve: ServeSubmissionClient
+    dashboard: str
+
+    @property
+    def fleet(self) -> RunningFleet:
+        return self.gateway.fleet
 
 
 @pytest.fixture(scope="module")
 def attached(
     head: tuple[Cluster, str, str], tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[RunningFleet, subprocess.Popen[bytes], ServeSubmissionClient]]:
+) -> Iterator[Attached]:
     _, client_address, dashboard = head
     home = tmp_path_factory.mktemp("attached")
-    port = free_port()
     scaling = {"min_replicas": 1, "max_replicas": 2, "target_load_per_replica": 8}
     models = [model_entry("tiny", tiny_model, autoscaling=scaling)]
-    config_path = write_config(home, models, port, cluster={"address": client_address})
-    fleet = RunningFleet(home=home, port=port, config_path=config_path)
+    config_path = write_config(home, models, free_port(), cluster={"address": client_address})
     serve = wait_until(lambda: _submission_client(dashboard), 120, 1.0)
     assert serve is not None, f"the Ray dashboard at {dashboard} never answered"
-    serve.deploy_applications(serve_config(config_path))
-    argv = [*RAYFLEET, "gateway", "-c", str(config_path), "--dashboard", dashboard]
-    with open(home / "gateway.log", "wb") as log:
-        gateway = subprocess.Popen(argv, env=fleet.env(), stdout=log, stderr=subprocess.STDOUT)
+    serve.deploy_applications(rendered_serve_config(config_path))
     try:
-        ready = wait_until(lambda: _phase(fleet, gateway), START_TIMEOUT_S, 1.0)
-        assert ready == "ready", (home / "gateway.log").read_text()[-3000:]
-        yield fleet, gateway, serve
+        with running_gateway(home, config_path, dashboard) as gateway:
+            yield Attached(gateway, serve, dashboard)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            gateway.kill()
-        gateway.wait(timeout=60)
         serve.delete_applications()
 
 
@@ -100,42 +141,47 @@ def _submission_client(dashboard: str) -> ServeSubmissionClient | None:
         return None
 
 
-def _phase(fleet: RunningFleet, gateway: subprocess.Popen[bytes]) -> str | None:
-    """The gateway's phase once past starting ("ready", "failed", "exited N"); else None."""
-    if gateway.poll() is not None:
-        return f"exited {gateway.returncode}"
-    phase = fleet.state().get("phase") if fleet.state_file.exists() else None
-    return None if phase in (None, "starting") else str(phase)
+def _serving(fleet: RunningFleet) -> list[dict[str, Any]]:
+    return [r for r in fleet.status()["replicas"] if r["healthy"] and not r["draining"]]
 
 
 def test_gateway_serves_replicas_that_serve_config_deployed(attached):
-    fleet, _, _ = attached
-    client = fleet.client()
+    client = attached.fleet.client()
     answer = client.completions.create(model="tiny", prompt="Hello", max_tokens=4, temperature=0)
     assert answer.choices[0].finish_reason == "length"
-    (replica,) = fleet.status()["replicas"]
+    (replica,) = attached.fleet.status()["replicas"]
     assert replica["model"] == "tiny" and replica["healthy"]
 
 
 def test_scale_rewrites_the_serve_config_and_restarts_nothing(attached):
-    fleet, _, serve = attached
+    fleet = attached.fleet
     (first,) = fleet.status()["replicas"]
     fleet.cli("scale", "tiny", "2")
     two = wait_until(lambda: _serving(fleet) if len(_serving(fleet)) == 2 else None, 600, 1.0)
     assert two is not None, fleet.status()
     assert first["pid"] in {r["pid"] for r in two}  # a new replica, the old one untouched
-    deployed = serve.get_serve_details()["applications"]["tiny"]["deployed_app_config"]
+    deployed = attached.serve.get_serve_details()["applications"]["tiny"]["deployed_app_config"]
     assert deployed["deployments"] == [{"name": "tiny", "num_replicas": 2}]
 
 
-def test_a_stopped_gateway_leaves_the_replicas_serving(attached):
-    fleet, gateway, serve = attached
-    pids = {r["pid"] for r in fleet.status()["replicas"]}
-    gateway.terminate()
-    assert gateway.wait(timeout=120) == 0
-    assert all(psutil.pid_exists(pid) for pid in pids)
-    assert serve.get_serve_details()["applications"]["tiny"]["status"] == "RUNNING"
-
-
-def _serving(fleet: RunningFleet) -> list[dict[str, Any]]:
-    return [r for r in fleet.status()["replicas"] if r["healthy"] and not r["draining"]]
+def test_a_second_gateway_serves_and_scales_once_the_first_stops(attached, tmp_path):
+    first = attached.gateway
+    with running_gateway(tmp_path, first.fleet.config_path, attached.dashboard) as second:
+        answer = second.fleet.client().completions.create(model="tiny", prompt="Hi", max_tokens=2)
+        assert answer.choices[0].text
+        refused = second.fleet.cli("scale", "tiny", "1", check=False)
+        assert refused.returncode != 0
+        assert "another gateway of this fleet scales model 'tiny'" in refused.stderr
+        # The first gateway stops: the replicas keep serving, and the second takes over.
+        pids = {r["pid"] for r in first.fleet.status()["replicas"]}
+        first.process.terminate()
+        assert first.process.wait(timeout=120) == 0, first.log()
+        assert all(psutil.pid_exists(pid) for pid in pids)
+        details = attached.serve.get_serve_details()
+        assert details["applications"]["tiny"]["status"] == "RUNNING"
+        took_over = wait_until(
+            lambda: second.fleet.cli("scale", "tiny", "1", check=False).returncode == 0, 120, 2.0
+        )
+        assert took_over, second.log()
+        one = wait_until(lambda: len(_serving(second.fleet)) == 1, 600, 1.0)
+        assert one, second.fleet.status()
