@@ -48,10 +48,13 @@ FUNCTIONS = frozenset(
 )  # fmt: skip
 _KEYWORDS = frozenset({"and", "or", "unless", "bool", "offset"})
 _LABEL_LIST_KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
+_STRING = r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\''
 _TOKEN = re.compile(
-    r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\''  # strings
-    r"|\{[^}]*\}|\[[^\]]*\]"  # label matchers, ranges
+    _STRING
+    + rf"|\{{(?:{_STRING}|[^}}\"'])*\}}"  # label matchers, strings in them included
+    + r"|\[[^\]]*\]"  # ranges and subqueries
     r"|(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)"
+    r"|(?:\d+(?:ms|[smhdwy]))+\b"  # durations (offset 5m)
     r"|\d+(?:\.\d+)?(?:e[+-]?\d+)?"
     r"|\S"
 )
