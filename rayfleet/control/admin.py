@@ -1,6 +1,6 @@
 """The running fleet's admin endpoints, on the gateway's port, for this machine only.
 
-    POST /rayfleet/scale  {"model": M, "replicas": N}   `rayfleet scale M N`
+    POST /rayfleet/scale  {"model": M, "replicas": N}   `rayfleet scale M N` (N or "auto")
     POST /rayfleet/apply  {"config": YAML, "dry_run": b} `rayfleet apply -c fleet.yaml`
 
 They change the fleet, so they answer only clients on a loopback address (the CLI on
@@ -28,9 +28,12 @@ def admin_routes(fleet: FleetProcess) -> list[Route]:
         if isinstance(body, web.Response):
             return body
         model, replicas = body.get("model"), body.get("replicas")
-        if not isinstance(model, str) or not isinstance(replicas, int) or replicas < 0:
-            return _error(400, 'send {"model": NAME, "replicas": N} with N >= 0')
-        problem = fleet.scaler.scale(model, replicas)
+        count = None if replicas == "auto" else replicas
+        if not isinstance(model, str) or not (
+            count is None or (isinstance(count, int) and count >= 0)
+        ):
+            return _error(400, 'send {"model": NAME, "replicas": N} with N >= 0, or "auto"')
+        problem = fleet.scaler.scale(model, count)
         if problem:
             return _error(400, problem)
         return web.json_response({"model": model, "replicas": replicas})

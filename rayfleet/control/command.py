@@ -229,19 +229,32 @@ def down(
 
 def scale(
     model: str = typer.Argument(..., help="The model to scale."),
-    replicas: int = typer.Argument(..., min=0, help="The fixed replica count from now on."),
+    replicas: str = typer.Argument(
+        ...,
+        metavar="N|auto",
+        help="The fixed replica count from now on, or 'auto' to hand the model back to "
+        "its autoscaling (or to the replicas in its file).",
+    ),
 ) -> None:
     """Set a model's replica count on the running fleet, without editing fleet.yaml.
 
     The count must lie within the model's bounds now (its schedule window, if one is
-    active). It holds until `rayfleet apply` changes the model's replicas or autoscaling;
-    replicas leaving drain first, so no request is cut.
+    active). It holds until `rayfleet scale MODEL auto`, or until `rayfleet apply` changes
+    the model's replicas or autoscaling; replicas leaving drain first, so no request is cut.
     """
     from rayfleet.control import lifecycle
 
+    count: int | str = replicas
+    if replicas != "auto":
+        if not replicas.isdigit():
+            raise typer.BadParameter("a replica count (0 or more) or 'auto'", param_hint="N")
+        count = int(replicas)
     state = lifecycle.running_state()
-    lifecycle.admin_call(state, "/rayfleet/scale", {"model": model, "replicas": replicas})
-    _say(f"model '{model}': target {replicas} replica(s); `rayfleet status` shows progress")
+    lifecycle.admin_call(state, "/rayfleet/scale", {"model": model, "replicas": count})
+    if count == "auto":
+        _say(f"model '{model}': scaled by its file again; `rayfleet status` shows progress")
+    else:
+        _say(f"model '{model}': target {count} replica(s); `rayfleet status` shows progress")
 
 
 def apply(

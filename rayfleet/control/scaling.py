@@ -16,7 +16,8 @@ held counts are in reach of this process, and windows need a clock tests can mov
                            Autoscaler.decide(now, bounds, target, loads,
                                              gateway in flight, gateway held)
         a new target -> set_target(model, n) (Serve), a scale event counted
-    scaler.scale(model, n)               `rayfleet scale`: a fixed count, or a reason
+    scaler.scale(model, n)               `rayfleet scale`: a fixed count (None: the
+                                         file's again), or a reason
     scaler.leads                         where several gateways serve one fleet
                                          (`rayfleet gateway`), asked every period:
                                          only the gateway it says leads scales
@@ -244,8 +245,9 @@ class FleetScaler:
             return Bounds(0, UNBOUNDED)
         return bounds
 
-    def scale(self, model: str, count: int) -> str | None:
-        """`rayfleet scale MODEL N`: a fixed count from now on; the reason it cannot be."""
+    def scale(self, model: str, count: int | None) -> str | None:
+        """`rayfleet scale MODEL N`: a fixed count from now on (None: the model's file
+        decides again, its autoscaling or its replicas); the reason it cannot be."""
         try:
             config = self.config.model(model)
         except KeyError:
@@ -256,6 +258,9 @@ class FleetScaler:
                 f"another gateway of this fleet scales model '{model}'; "
                 "run rayfleet scale where that gateway runs"
             )
+        if count is None:
+            self.fixed.pop(model, None)
+            return None
         bounds = self._bounds(config)
         if not bounds.min_replicas <= count <= bounds.max_replicas:
             where = f"window '{bounds.window}'" if bounds.window else "its autoscaling bounds"

@@ -113,3 +113,23 @@ def test_apply_refuses_a_routing_change_even_beside_a_rolled_field():
         "model 'f' routing cannot change while the fleet runs; "
         "stop it with `rayfleet down` and start it with `rayfleet up`"
     )
+
+
+def test_auto_hands_a_fixed_model_back_to_its_autoscaling(tmp_path):
+    config, _, scaler, calls, _ = make(tmp_path)
+    assert scaler.scale("m", 2) is None
+    asyncio.run(steps(scaler, config))
+    assert ("m", 2) in calls and scaler.report()["m"]["fixed"] == 2
+    assert "m" not in scaler.inputs  # a fixed count reads no load
+    assert scaler.scale("m", None) is None  # `rayfleet scale m auto`
+    asyncio.run(steps(scaler, config))
+    assert scaler.report()["m"]["fixed"] is None
+    assert scaler.inputs["m"] == "in engines 0, in flight 0, held 0"  # the autoscaler's turn
+
+
+def test_a_gateway_that_does_not_lead_refuses_to_scale(tmp_path):
+    _, _, scaler, _, _ = make(tmp_path)
+    scaler.leading = False  # another gateway of the fleet scales (rayfleet gateway)
+    assert scaler.scale("m", 1) == (
+        "another gateway of this fleet scales model 'm'; run rayfleet scale where that gateway runs"
+    )
