@@ -30,7 +30,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from rayfleet.control.top import Frame, ModelView, Row, Scrape, build_frame
+from rayfleet.control.top import STEP_WINDOW_S, Frame, ModelView, Row, Scrape, Scrapes
 from rayfleet.errors import RayfleetError
 
 Fetch = Callable[[], Scrape]
@@ -97,11 +97,13 @@ def frame_table(frame: Frame) -> Table:
     table = Table(
         *COLUMNS,
         caption=(
-            f"requests: answered since the gateway started; req/s, tok/s, TTFT{over}. "
-            "TTFT p50/p99: the gateway's first-byte histogram, its buckets' increase in the "
-            "interval, interpolated inside a bucket. run, wait, KV, hit: each replica's vLLM "
-            "gauges as the gateway republishes them (a model: KV and hit are its replicas' "
-            "mean); '-': not published or no request in the interval."
+            f"requests: answered since the gateway started; req/s, TTFT{over}; tok/s "
+            f"between the steps of vLLM's counter (read by the gateway every few seconds) "
+            f"in the last {STEP_WINDOW_S:g} s. TTFT p50/p99: the gateway's first-byte "
+            "histogram, its buckets' increase in the interval, interpolated inside a bucket. "
+            "run, wait, KV, hit: each replica's vLLM gauges as the gateway republishes them "
+            "(a model: KV and hit are its replicas' mean); '-': not published or no request "
+            "in the interval."
         ),
         caption_justify="left",
         expand=False,
@@ -126,9 +128,10 @@ def render(frame: Frame, every_s: float | None = None, error: str | None = None)
 
 def print_once(fetch: Fetch, interval_s: float, console: Console) -> None:
     """One frame, its rates over ``interval_s`` (two scrapes that far apart)."""
-    before = fetch()
+    scrapes = Scrapes()
+    scrapes.add(fetch())
     time.sleep(interval_s)
-    frame = build_frame(before, fetch())
+    frame = scrapes.add(fetch())
     if not console.is_terminal:  # a file or a pipe: as wide as the table, never squeezed
         unbounded = console.options.update_width(10_000)
         needed = console.measure(frame_table(frame), options=unbounded).maximum
@@ -177,8 +180,8 @@ def _interrupt(_signum: int, _frame: FrameType | None) -> None:
 
 def watch(fetch: Fetch, interval_s: float, console: Console) -> None:
     """Refresh the view every ``interval_s`` until ``q`` or Ctrl-C (or SIGTERM)."""
-    before = fetch()
-    frame = build_frame(None, before)
+    scrapes = Scrapes()
+    frame = scrapes.add(fetch())
     fd = sys.stdin.fileno() if sys.stdin.isatty() else None
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -199,7 +202,7 @@ def watch(fetch: Fetch, interval_s: float, console: Console) -> None:
                 except RayfleetError as exc:
                     live.update(render(frame, interval_s, str(exc)), refresh=True)
                     continue
-                frame, before = build_frame(before, after), after
+                frame = scrapes.add(after)
                 live.update(render(frame, interval_s), refresh=True)
     except KeyboardInterrupt:
         pass  # Ctrl-C quits, as q does; the contexts above have restored the terminal

@@ -67,6 +67,7 @@ def top_script(fleet: RunningFleet, path: Path) -> Path:
     top = shlex.join([sys.executable, "-m", "rayfleet.cli", "top", "--interval", "1"])
     path.write_text(
         f"export RAYFLEET_HOME={shlex.quote(str(fleet.home))}\n"
+        "unset COLUMNS LINES\n"  # the pane's size, not the test runner's
         "before=$(stty -g)\n"
         f"{top}\n"
         "status=$?\n"

@@ -24,7 +24,14 @@ from rich.console import Console
 
 from rayfleet.control import top
 from rayfleet.control.state import RunState
-from rayfleet.control.top import Scrape, bucket_increase, build_frame, increase, quantile
+from rayfleet.control.top import Scrape, Scrapes, build_frame
+from rayfleet.control.top_metrics import (
+    bucket_increase,
+    increase,
+    parse_metrics,
+    quantile,
+    step_rate,
+)
 from rayfleet.control.top_view import Keys, render, watch
 from rayfleet.gateway.metrics import GatewayMetrics
 
@@ -96,7 +103,7 @@ def two_scrapes() -> tuple[Scrape, Scrape]:
     metrics = FleetMetrics()
     metrics.answer("tiny", "tiny#a", 0.02, num=10)
     metrics.tokens.labels("tiny", "tiny#a").inc(100)
-    before = Scrape(100.0, status_report(), top.parse_metrics(metrics.text()))
+    before = Scrape(100.0, status_report(), parse_metrics(metrics.text()))
     metrics.answer("tiny", "tiny#a", 0.02, num=3)
     metrics.answer("tiny", "tiny#a", 0.2, num=3)
     metrics.answer("tiny", "tiny#b", 3.0, num=2)
@@ -107,12 +114,12 @@ def two_scrapes() -> tuple[Scrape, Scrape]:
     metrics.kv.labels("tiny", "tiny#a").set(0.5)
     metrics.kv.labels("tiny", "tiny#b").set(0.3)
     metrics.hit.labels("tiny", "tiny#a").set(0.75)
-    return before, Scrape(102.0, status_report(), top.parse_metrics(metrics.text()))
+    return before, Scrape(102.0, status_report(), parse_metrics(metrics.text()))
 
 
 def test_counter_increase_counts_new_series_from_zero_and_survives_a_reset():
-    before = top.parse_metrics('x_total{a="1"} 5\nx_total{a="2"} 9\n')
-    after = top.parse_metrics('x_total{a="1"} 8\nx_total{a="2"} 4\nx_total{a="3"} 2\n')
+    before = parse_metrics('x_total{a="1"} 5\nx_total{a="2"} 9\n')
+    after = parse_metrics('x_total{a="1"} 8\nx_total{a="2"} 4\nx_total{a="3"} 2\n')
     assert increase(before, after, "x_total", {}) == 3 + 4 + 2
     assert increase(before, after, "x_total", {"a": "1"}) == 3
     assert increase(before, after, "y_total", {}) is None
@@ -132,11 +139,11 @@ def test_quantile_of_bucket_deltas_falls_in_the_bucket_of_the_true_quantile():
     metrics = FleetMetrics()
     for _ in range(200):  # before the interval: all slow, and they must not count
         metrics.answer("m", "r", 20.0)
-    before = top.parse_metrics(metrics.text())
+    before = parse_metrics(metrics.text())
     observed = [rng.lognormvariate(-2.5, 1.0) for _ in range(500)]
     for value in observed:
         metrics.answer("m", "r", value)
-    buckets = bucket_increase(before, top.parse_metrics(metrics.text()), top.TTFT, {"model": "m"})
+    buckets = bucket_increase(before, parse_metrics(metrics.text()), top.TTFT, {"model": "m"})
     assert buckets[-1] == (float("inf"), 500.0)
     bounds = [0.0] + [bound for bound, _ in buckets]
     for q in (0.5, 0.9, 0.99):
@@ -145,9 +152,41 @@ def test_quantile_of_bucket_deltas_falls_in_the_bucket_of_the_true_quantile():
         assert bounds[i - 1] <= quantile(q, buckets) <= bounds[i]
 
 
+def test_tokens_per_second_of_a_counter_read_in_steps_is_the_rate_between_steps():
+    """The gateway reads vLLM every 5 s: 50 tokens a step is 10 tokens/s. Scraped every
+    2 s, the plain rate reads 0 or 25; the step rate over the window reads 10, and falls
+    to 0 once the steps stop."""
+    metrics = FleetMetrics()
+    tokens = metrics.tokens.labels("tiny", "tiny#a")
+    scrapes = Scrapes()  # a 20 s window
+    seen: dict[int, float | None] = {}
+    plain: set[float] = set()
+    for now in range(0, 60, 2):
+        if now < 32 and now // 5 > (now - 2) // 5:  # a step at each multiple of 5 s
+            tokens.inc(50)
+        frame = scrapes.add(Scrape(float(now), status_report(), parse_metrics(metrics.text())))
+        seen[now] = frame.models[0].replicas[0].tokens_s
+        if now > 0:
+            plain.add(
+                increase(*(s.samples for s in list(scrapes.history)[-2:]), top.TOKENS, {}) / 2
+            )
+    assert plain == {0.0, 25.0}
+    assert all(seen[now] == pytest.approx(10.0, rel=0.08) for now in range(16, 38, 2)), seen
+    assert all(0 < seen[now] < 10 for now in range(38, 50, 2)), seen  # the last steps leave
+    assert all(seen[now] == 0.0 for now in range(50, 60, 2)), seen
+    assert seen[0] is None  # one reading: no rate yet
+
+
+def test_step_rate_sums_series_and_ignores_a_series_seen_once():
+    one = parse_metrics('t_total{replica="a"} 0\n')
+    two = parse_metrics('t_total{replica="a"} 10\nt_total{replica="b"} 99\n')
+    assert step_rate([(0.0, one), (2.0, two)], "t_total", {}) == 5.0
+    assert step_rate([(2.0, two)], "t_total", {}) is None
+
+
 def test_frame_merges_status_and_metrics_per_model_and_replica():
     before, after = two_scrapes()
-    frame = build_frame(before, after)
+    frame = build_frame([before, after])
     assert frame.interval_s == 2.0 and frame.phase == "ready"
     tiny, big = frame.models
     assert (tiny.row.name, tiny.target, tiny.window) == ("tiny", 1, None)
@@ -179,7 +218,7 @@ def test_frame_merges_status_and_metrics_per_model_and_replica():
 
 def test_first_frame_has_counts_but_no_rates():
     _, after = two_scrapes()
-    (a, *_) = build_frame(None, after).models[0].replicas
+    (a, *_) = build_frame([after]).models[0].replicas
     assert a.requests == 16 and a.kv_usage == 0.5
     assert a.req_s is a.tokens_s is a.ttft_p50_s is None
 
@@ -187,7 +226,7 @@ def test_first_frame_has_counts_but_no_rates():
 def test_states_come_from_the_replicas_when_the_report_has_no_scaling():
     _, after = two_scrapes()
     report = status_report(scaling={})
-    (tiny, big) = build_frame(None, Scrape(1.0, report, after.samples)).models
+    (tiny, big) = build_frame([Scrape(1.0, report, after.samples)]).models
     assert tiny.row.state == "1 serving, 1 draining" and tiny.target is None
     assert big.row.state == "no replica"
 
@@ -204,7 +243,7 @@ def table_rows(text: str) -> dict[str, list[str]]:
 
 def test_render_shows_every_cell_on_a_fixed_width_console():
     console = Console(width=200, file=io.StringIO(), color_system=None)
-    console.print(render(build_frame(*two_scrapes()), every_s=2.0))
+    console.print(render(build_frame(two_scrapes()), every_s=2.0))
     text = console.file.getvalue()
     assert "rayfleet top: fleet ready at http://127.0.0.1:8000/v1" in text
     assert "every 2 s, q quits" in text
