@@ -18,6 +18,7 @@ replica: stopping it leaves them serving, and several gateways may run side by s
                                    application is sent back as deployed; at zero the
                                    application is left out, and put back from its last
                                    config when it scales up again
+        request log                one JSON line per request on standard output
         shutdown                   this process's Ray connection only
 
 The REST write changes the live config only. KubeRay sends the RayService's
@@ -54,6 +55,7 @@ class AttachedFleet(FleetProcess):
         self.dashboard_url = dashboard_url
         self.declared: dict[str, dict[str, Any]] = {}  # app -> its last Serve config
         self.holder = f"{socket.gethostname()}:{os.getpid()}"  # in the scaling lead
+        self.access_log = None  # request lines on standard output, as a pod's log
 
     def _gateway(self) -> Gateway:
         gateway = super()._gateway()

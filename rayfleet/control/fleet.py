@@ -32,6 +32,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayfleet._home import rayfleet_home
@@ -77,6 +78,7 @@ class FleetProcess:
             log_dir=str(self.log_dir),
             started_at=time.time(),
         )
+        self.access_log: Path | None = self.log_dir / "access.log"  # None: standard output
         self.engine_pids: set[int] = set()
         self.node_ip = ""  # this machine's address in the Ray cluster
         self.registry: ActorHandle[Any] | None = None  # keeps the registry actor alive
@@ -106,7 +108,7 @@ class FleetProcess:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         self.state.save()
-        access = open_access_log(self.log_dir / "access.log")  # one JSON line per request
+        access = open_access_log(self.access_log)  # one JSON line per request
         runner = None
         scaling: asyncio.Task[None] | None = None
         try:

@@ -37,6 +37,7 @@ import asyncio
 import json
 import logging
 import re
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -115,11 +116,16 @@ def note_answer(request: web.Request, exchange: Exchange, outcome: Outcome, star
         record.completion_tokens = _last_number(_COMPLETION_TOKENS, end)
 
 
-def open_access_log(path: Path) -> logging.Handler:
-    """Write the request log to ``path`` (appended, one JSON line per request); remove
+def open_access_log(path: Path | None) -> logging.Handler:
+    """Write the request log to ``path`` (appended, one JSON line per request), or to
+    standard output when None (in a container, where the platform collects it); remove
     and close the handler returned to stop."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8")
+    handler: logging.Handler
+    if path is None:
+        handler = logging.StreamHandler(sys.stdout)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(message)s"))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
