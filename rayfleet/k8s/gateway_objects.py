@@ -3,8 +3,10 @@
 Each gateway pod runs ``rayfleet gateway -c /etc/rayfleet/fleet.yaml --address
 ray://<name>-head-svc.<namespace>.svc.cluster.local:10001``: it joins the RayService's
 cluster over Ray client, reads the replica registry (each vLLM server's URL on its
-worker pod) and proxies straight to the replicas over the pod network. Probes ask
-``GET /health`` on the fleet's gateway port; the Service exposes that port.
+worker pod) and proxies straight to the replicas over the pod network. Readiness asks
+``GET /health`` on the fleet's gateway port (a TCP connect where /health needs a key);
+liveness is a TCP connect, so a gateway waiting for replicas is not restarted. The
+Service exposes that port.
 
 Keys are Secrets, referenced by name and never written here: each fallback provider's
 ``api_key_env`` is an env var from the ``secrets.provider_keys`` Secret (key = the
@@ -41,11 +43,14 @@ def configmap(k8s: KubernetesConfig, fleet_text: str) -> Obj:
 
 def gateway_deployment(config: FleetConfig, k8s: KubernetesConfig, image: str) -> Obj:
     port = config.gateway.port
-    probe = {
-        "httpGet": {"path": "/health", "port": "http"},
-        "periodSeconds": PROBE_PERIOD_S,
-        "failureThreshold": PROBE_FAILURES,
-    }
+    timing = {"periodSeconds": PROBE_PERIOD_S, "failureThreshold": PROBE_FAILURES}
+    # Liveness: the process accepts connections. /health answers 503 while a model has
+    # no replica to serve it (all starting, or a fixed model's replicas down), which is no
+    # reason to restart the gateway; and it needs a key where health is not open.
+    alive = {"tcpSocket": {"port": "http"}, **timing, "initialDelaySeconds": PROBE_PERIOD_S}
+    ready = {"httpGet": {"path": "/health", "port": "http"}, **timing}
+    if not config.gateway.open_health:
+        ready = {"tcpSocket": {"port": "http"}, **timing}
     volume, mount = pod.config_volume(k8s)
     volumes, mounts = [volume], [mount]
     if config.gateway.api_keys and any(k.key_file for k in config.gateway.api_keys):
@@ -57,8 +62,8 @@ def gateway_deployment(config: FleetConfig, k8s: KubernetesConfig, image: str) -
         "command": ["rayfleet", "gateway", "-c", pod.CONFIG_PATH],
         "args": ["--address", pod.head_address(k8s)],
         "ports": [{"name": "http", "containerPort": port}],
-        "readinessProbe": probe,
-        "livenessProbe": {**probe, "initialDelaySeconds": PROBE_PERIOD_S},
+        "readinessProbe": ready,
+        "livenessProbe": alive,
         "resources": pod.resources(k8s.gateway.num_cpus, k8s.gateway.memory_gib),
         "volumeMounts": mounts,
     }

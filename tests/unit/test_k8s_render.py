@@ -189,6 +189,8 @@ def test_gateway_joins_the_head_and_takes_keys_from_secrets_by_name():
         "ray://fleet-head-svc.serving.svc.cluster.local:10001",
     ]
     assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    # Waiting for replicas is no reason to restart the gateway: liveness is a TCP connect.
+    assert container["livenessProbe"]["tcpSocket"] == {"port": "http"}
     assert container["ports"] == [{"name": "http", "containerPort": 9000}]
     assert container["env"] == [
         {"name": "A_KEY", "valueFrom": {"secretKeyRef": {"name": "prov", "key": "A_KEY"}}}
@@ -231,3 +233,13 @@ def test_monitoring_objects_carry_the_rules_and_dashboard():
     assert yaml.safe_load(board["data"]["rayfleet.json"]) == dashboard()
     gateway_monitor = rendered_objects["PodMonitor/llm-gateway"]["spec"]
     assert gateway_monitor["podMetricsEndpoints"][0]["port"] == "http"
+
+
+def test_a_gateway_whose_health_needs_a_key_is_probed_by_tcp():
+    closed = {**EVERY_OPTION, "gateway": {**EVERY_OPTION["gateway"], "open_health": False}}
+    rendered_objects = objects(render_fleet(parse_fleet(closed), ""))
+    container = rendered_objects["Deployment/fleet-gateway"]["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert container["readinessProbe"]["tcpSocket"] == {"port": "http"}
+    assert "httpGet" not in container["readinessProbe"]
