@@ -32,7 +32,13 @@ holds. ``EngineProcess(..., headless=True)`` is a headless rank of an engine tha
 (``headless_argv``: rayfleet/control/headless.py; no port, no /health, alive is healthy).
 ``server_argv`` is the server's whole command line; the engine arguments in it come
 from ``engine_argv`` (rayfleet/control/engine_args.py), unchanged. ``kill_process_group``
-stops a server's group; ``rayfleet down`` uses it for servers its fleet process left.
+stops a server's group; ``rayfleet down`` uses it for servers its fleet process left
+(both in rayfleet/control/process_groups.py).
+
+``EngineProcess(..., pid_dir=d)`` records the server the moment it is spawned
+(``record_engine``) and removes the record once ``stop`` has stopped it. A fleet keeps
+the records in ``<log dir>/pids`` (``PID_DIR``); its shutdown and ``rayfleet down`` stop
+every group still recorded there (``kill_recorded_engines``).
 """
 
 from __future__ import annotations
@@ -52,9 +58,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayfleet.control.engine_args import engine_argv
+from rayfleet.control.process_groups import kill_process_group, record_engine
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 HEADLESS_MODULE = "rayfleet.control.headless"  # a rank of an engine that spans nodes
+PID_DIR = "pids"  # in a fleet's log directory: the engines it has spawned and not stopped
 _LOG_TAIL_BYTES = 4000
 
 if TYPE_CHECKING:
@@ -151,6 +159,7 @@ class EngineProcess:
         log_path: Path | None = None,
         headless: bool = False,
         engine: str = "vllm",
+        pid_dir: Path | None = None,
     ):
         # '~' means the home of the node that runs the server.
         self.model = os.path.expanduser(model)
@@ -162,6 +171,7 @@ class EngineProcess:
         self.log_path = log_path
         self.headless = headless  # a rank with no API server: no port, alive is healthy
         self.engine = engine  # "vllm", or "sim": a simulated engine (named so everywhere)
+        self.pid_dir = pid_dir  # where the spawned server is recorded until stopped
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -198,6 +208,8 @@ class EngineProcess:
                 process_group=0,  # its own group, its parent's session (see above)
                 preexec_fn=_reset_priority,
             )
+        if self.pid_dir is not None:
+            record_engine(self.pid_dir, self.proc.pid)
         return self
 
     def alive(self) -> bool:
@@ -257,6 +269,8 @@ class EngineProcess:
         kill_process_group(self.proc.pid, grace_s=grace_s)
         with contextlib.suppress(Exception):
             self.proc.wait(timeout=1)
+        if self.pid_dir is not None:
+            (self.pid_dir / f"{self.proc.pid}.pid").unlink(missing_ok=True)
 
     def __enter__(self) -> EngineProcess:
         return self.start()
@@ -303,34 +317,3 @@ def keep_scheduler_off_worker_cores(server_pid: int) -> list[int]:
         return free
     except (psutil.Error, OSError):
         return []
-
-
-def kill_process_group(pgid: int, grace_s: float = 15.0) -> None:
-    """SIGTERM a process group, then SIGKILL what is left after ``grace_s``."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not _group_alive(pgid):
-            return
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    # Zombies still count for killpg(0); reap ours and look again.
-    with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-pgid, os.WNOHANG)[0]:
-            pass
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True

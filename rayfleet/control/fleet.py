@@ -45,7 +45,8 @@ from rayfleet.control.deploy import (
     failed_deployments,
     set_replicas,
 )
-from rayfleet.control.engine import kill_process_group
+from rayfleet.control.engine import PID_DIR, kill_process_group
+from rayfleet.control.process_groups import kill_recorded_engines
 from rayfleet.control.scaling import Clock, FleetScaler
 from rayfleet.control.scheduling import refuse_unplaceable, stalled_placement
 from rayfleet.control.state import RunState, clear_state
@@ -285,6 +286,7 @@ class FleetProcess:
             ray.shutdown()
         for pid in sorted(self.engine_pids):
             kill_process_group(pid, grace_s=10)
+        kill_recorded_engines(self.log_dir / PID_DIR)  # replicas stopped while starting
         self.say("fleet stopped")
 
 

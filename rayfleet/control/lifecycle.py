@@ -38,7 +38,7 @@ import psutil
 
 from rayfleet._home import rayfleet_home
 from rayfleet.config import FleetConfig, default_fleet, load_fleet
-from rayfleet.control.engine import kill_process_group
+from rayfleet.control.engine import PID_DIR, kill_process_group
 from rayfleet.control.engine_args import check_engine_args, engine_argv
 from rayfleet.control.fleet import Say
 from rayfleet.control.placement import (
@@ -50,6 +50,7 @@ from rayfleet.control.placement import (
     fleet_demands,
     replica_demand,
 )
+from rayfleet.control.process_groups import kill_recorded_engines
 from rayfleet.control.state import RunState, clear_state, process_running, state_path
 from rayfleet.errors import RayfleetError
 
@@ -290,9 +291,12 @@ def wait_gone(procs: Iterable[psutil.Process], timeout_s: float) -> list[psutil.
 
 
 def kill_engines(state: RunState) -> None:
-    """Stop the vLLM servers (and their process groups) the fleet recorded."""
+    """Stop the vLLM servers (and their process groups) the fleet recorded: those it
+    saw registered, and those its replicas spawned on this machine and did not stop."""
     for pid in state.engine_pids:
         kill_process_group(pid, grace_s=5)
+    if state.log_dir:
+        kill_recorded_engines(Path(state.log_dir) / PID_DIR)
 
 
 def _kill(procs: Iterable[psutil.Process]) -> None:

@@ -40,7 +40,7 @@ from typing import Any
 import ray
 
 from rayfleet.config import ModelConfig
-from rayfleet.control.engine import EngineProcess, free_port
+from rayfleet.control.engine import PID_DIR, EngineProcess, free_port
 from rayfleet.control.placement import assigned_gpu_ids, gpu_env, node_bundle
 
 log = logging.getLogger("rayfleet.ranks")
@@ -120,6 +120,7 @@ class EngineRank:
             env=engine_env(config, get_registry(), claim_id, node_ip),
             log_path=Path(log_path),
             headless=True,
+            pid_dir=Path(log_path).parent / PID_DIR,
         )
         self.engine.start()
         return {

@@ -45,7 +45,7 @@ from ray.serve import Application
 from rayfleet.config import ModelConfig
 from rayfleet.control.apply import SCALING_FIELDS
 from rayfleet.control.drain import drain
-from rayfleet.control.engine import EngineProcess
+from rayfleet.control.engine import PID_DIR, EngineProcess
 from rayfleet.control.placement import replica_demand
 from rayfleet.control.ranks import SpanningRanks, engine_env, log_name
 
@@ -145,6 +145,7 @@ class VLLMReplica:
             env=engine_env(self.model, self.registry, self.replica_id, self.node_ip),
             log_path=log_dir / f"{log_name(self.replica_id)}.log",
             engine=self.model.engine,
+            pid_dir=log_dir / PID_DIR,  # the fleet stops it even if this actor cannot
         )
         try:
             if self.ranks is not None:

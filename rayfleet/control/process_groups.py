@@ -1,0 +1,126 @@
+"""Process groups of engines: stopping them, and records of the ones a fleet spawned.
+
+    kill_process_group(pgid, grace_s)    SIGTERM the group, SIGKILL what is left after
+                                         ``grace_s``; zombies count as gone
+    record_engine(pid_dir, pid)          ``pid_dir/<pid>.pid``: "<pid> <start time>",
+                                         written by EngineProcess the moment it spawns
+    kill_recorded_engines(pid_dir)       stop every recorded group still there; remove
+                                         the records
+
+Why records: a replica stopped while its vLLM server is still starting has registered
+the server nowhere (it registers once healthy), and its actor may be killed before it
+can stop the server itself. A server killed while its engine core loads weights leaves
+the engine core and its worker running, re-parented to init (seen: 2.5 GB resident,
+after `rayfleet down` during the demo model's start). They stay in the server's
+process group, so stopping the recorded group stops them too. A record's start time
+guards against a pid reused since: a group whose leader is gone is stopped only while
+a vLLM process started after the record is still in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psutil
+
+
+def kill_process_group(pgid: int, grace_s: float = 15.0) -> None:
+    """SIGTERM a process group, then SIGKILL what is left after ``grace_s``."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _group_alive(pgid):
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    # Zombies still count for killpg(0); reap ours, then look for a member that runs
+    # (another parent's zombie is gone for good: only that parent can reap it).
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-pgid, os.WNOHANG)[0]:
+            pass
+    import psutil
+
+    for proc in _group_members(pgid):
+        with contextlib.suppress(psutil.Error):
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+    return False
+
+
+def _group_members(pgid: int) -> list[psutil.Process]:
+    import psutil
+
+    members = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getpgid(proc.pid) == pgid:
+                members.append(proc)
+    return members
+
+
+def record_engine(pid_dir: Path, pid: int) -> None:
+    """Write ``pid_dir/<pid>.pid``: the server's pid and start time."""
+    import psutil
+
+    pid_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(psutil.Error):
+        (pid_dir / f"{pid}.pid").write_text(f"{pid} {psutil.Process(pid).create_time()}\n")
+
+
+def kill_recorded_engines(pid_dir: Path, grace_s: float = 5.0) -> list[int]:
+    """Stop the process group of every server recorded in ``pid_dir`` and still there;
+    remove the records. Returns the groups signalled."""
+    stopped = []
+    for record in sorted(pid_dir.glob("*.pid")) if pid_dir.is_dir() else []:
+        try:
+            pid_text, created_text = record.read_text().split()
+            pgid, created = int(pid_text), float(created_text)
+        except (OSError, ValueError):
+            pgid = 0
+        if pgid and _still_ours(pgid, created):
+            kill_process_group(pgid, grace_s=grace_s)
+            stopped.append(pgid)
+        record.unlink(missing_ok=True)
+    return stopped
+
+
+def _still_ours(pgid: int, created: float) -> bool:
+    """Whether group ``pgid`` is still the recorded server's: its leader, started at
+    ``created``, runs; or the leader is gone and a vLLM process of its group is left (a
+    pid reused since belongs to another program, whose group is not ours to stop)."""
+    import psutil
+
+    try:
+        return abs(psutil.Process(pgid).create_time() - created) < 0.05
+    except psutil.NoSuchProcess:
+        pass
+    for proc in _group_members(pgid):
+        with contextlib.suppress(psutil.Error):
+            if proc.create_time() >= created and _is_engine(proc):
+                return True
+    return False
+
+
+def _is_engine(proc: psutil.Process) -> bool:
+    """A vLLM process: a server, a headless rank, or what they spawn (VLLM::...)."""
+    from rayfleet.control.engine import HEADLESS_MODULE, SERVER_MODULE
+
+    argv = " ".join(proc.cmdline())
+    return proc.name().startswith("VLLM") or SERVER_MODULE in argv or HEADLESS_MODULE in argv

@@ -1,0 +1,122 @@
+"""Stopping engines' process groups, and the records a fleet keeps of what it spawned,
+with real processes standing in for a vLLM server and the engine core it spawns."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rayfleet.control.engine import SERVER_MODULE
+from rayfleet.control.process_groups import (
+    kill_process_group,
+    kill_recorded_engines,
+    record_engine,
+)
+from tests.integration.fleet import wait_until
+
+# A "server" that spawns an "engine core" into its own group, prints its pid, then
+# either waits or exits at once (leaving the engine core re-parented, as vLLM's is
+# when its API server is killed while the engine loads weights).
+SERVER = """
+import subprocess, sys, time
+core = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", sys.argv[1]])
+print(core.pid, flush=True)
+if sys.argv[2] == "wait":
+    time.sleep(600)
+"""
+
+
+def start_server(then: str) -> tuple[subprocess.Popen[str], psutil.Process]:
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER, SERVER_MODULE, then],
+        stdout=subprocess.PIPE,
+        text=True,
+        process_group=0,
+    )
+    assert server.stdout is not None
+    core = psutil.Process(int(server.stdout.readline()))
+    return server, core
+
+
+def running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.parametrize("server_state", ["running", "exited"])
+def test_a_recorded_server_group_is_stopped_with_its_engine_core(tmp_path, server_state):
+    server, core = start_server("wait" if server_state == "running" else "exit")
+    try:
+        record_engine(tmp_path, server.pid)
+        if server_state == "exited":
+            server.wait(timeout=30)  # the engine core is an orphan now
+        assert running(core)
+        assert kill_recorded_engines(tmp_path, grace_s=5) == [server.pid]
+        assert wait_until(lambda: not running(core), 10)
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        for proc in (core, psutil.Process(server.pid) if server.poll() is None else None):
+            if proc is not None and running(proc):
+                proc.kill()
+        server.wait(timeout=10)
+
+
+def test_a_record_whose_pid_now_belongs_to_another_program_stops_nothing(tmp_path):
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        (tmp_path / f"{other.pid}.pid").write_text(f"{other.pid} 12345.0\n")  # started earlier
+        assert kill_recorded_engines(tmp_path) == []
+        assert other.poll() is None
+        assert not (tmp_path / f"{other.pid}.pid").exists()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_an_unreadable_record_is_dropped(tmp_path):
+    (tmp_path / "12.pid").write_text("not a record")
+    assert kill_recorded_engines(tmp_path) == []
+    assert kill_recorded_engines(tmp_path / "missing") == []
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_group_left_with_only_another_parents_zombie_counts_as_stopped():
+    """The group's leader exited; its parent (not this process) never reaps it."""
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'pass'], process_group=0)\n"
+            "print(child.pid, flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None
+        leader = psutil.Process(int(parent.stdout.readline()))
+        assert wait_until(lambda: leader.status() == psutil.STATUS_ZOMBIE, 30)
+        started = time.monotonic()
+        kill_process_group(leader.pid, grace_s=30)
+        assert time.monotonic() - started < 5
+        assert os.getpgid(leader.pid) == leader.pid  # still there, and no longer running
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_record_engine_writes_the_pid_and_its_start_time(tmp_path: Path):
+    record_engine(tmp_path / "pids", os.getpid())
+    pid, created = (tmp_path / "pids" / f"{os.getpid()}.pid").read_text().split()
+    assert int(pid) == os.getpid()
+    assert float(created) == psutil.Process().create_time()
