@@ -45,8 +45,8 @@ from rayfleet.control.deploy import (
     failed_deployments,
     set_replicas,
 )
-from rayfleet.control.engine import PID_DIR, kill_process_group
-from rayfleet.control.process_groups import kill_recorded_engines
+from rayfleet.control.engine import PID_DIR
+from rayfleet.control.process_groups import kill_process_group, kill_recorded_engines
 from rayfleet.control.scaling import Clock, FleetScaler
 from rayfleet.control.scheduling import refuse_unplaceable, stalled_placement
 from rayfleet.control.state import RunState, clear_state

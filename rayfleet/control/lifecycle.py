@@ -38,7 +38,7 @@ import psutil
 
 from rayfleet._home import rayfleet_home
 from rayfleet.config import FleetConfig, default_fleet, load_fleet
-from rayfleet.control.engine import PID_DIR, kill_process_group
+from rayfleet.control.engine import PID_DIR
 from rayfleet.control.engine_args import check_engine_args, engine_argv
 from rayfleet.control.fleet import Say
 from rayfleet.control.placement import (
@@ -50,7 +50,7 @@ from rayfleet.control.placement import (
     fleet_demands,
     replica_demand,
 )
-from rayfleet.control.process_groups import kill_recorded_engines
+from rayfleet.control.process_groups import kill_process_group, kill_recorded_engines
 from rayfleet.control.state import RunState, clear_state, process_running, state_path
 from rayfleet.errors import RayfleetError
 
