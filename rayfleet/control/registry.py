@@ -6,6 +6,11 @@ namespace). A replica calls ``register(entry)`` once its vLLM server is healthy,
 ``deregister(replica_id)`` when it stops or finds its server dead. ``entries()``
 returns the live entries: a replica whose heartbeats stopped for ``stale_after_s``
 (its process was killed outright, its node died) drops out by itself.
+A registry that Ray restarted (its process died) starts empty and refuses ``entries()``
+for ``warmup_s`` (``RegistryRestarting``), time for every replica to register again on
+its next health check (``heartbeat`` answers False to an unknown replica): a gateway
+keeps routing to the replicas it last knew while the registry is away, and would drop
+them all if it read an empty list instead.
 ``claim_core`` spreads the CPU engines of one node over its cores. ``lead_scaling``
 picks the one gateway that scales where several serve one fleet (`rayfleet gateway`).
 
@@ -31,10 +36,17 @@ NAMESPACE = "rayfleet"
 Entry = dict[str, Any]
 
 
+class RegistryRestarting(RuntimeError):
+    """The registry restarted moments ago: its entries are not complete yet."""
+
+
 @ray.remote(num_cpus=0, max_restarts=-1)
 class FleetRegistry:
-    def __init__(self, stale_after_s: float = 20.0):
+    def __init__(self, stale_after_s: float = 20.0, warmup_s: float = 8.0):
         self.stale_after_s = stale_after_s
+        restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        # Replicas heartbeat every 2 s (replica.HEALTH_CHECK_PERIOD_S); four periods.
+        self.warm_at = time.monotonic() + (warmup_s if restarted else 0.0)
         self._entries: dict[str, Entry] = {}
         self._seen: dict[str, float] = {}
         self._cores: dict[str, tuple[str, str, int]] = {}  # claim -> (machine, model, core)
@@ -91,6 +103,11 @@ class FleetRegistry:
             del self._cores[claim]
 
     def entries(self) -> list[Entry]:
+        if time.monotonic() < self.warm_at:
+            raise RegistryRestarting(
+                f"the replica registry restarted; {len(self._entries)} replica(s) registered "
+                "again so far, the others will on their next health check"
+            )
         cutoff = time.monotonic() - self.stale_after_s
         return [e for rid, e in self._entries.items() if self._seen.get(rid, 0) >= cutoff]
 
