@@ -75,6 +75,7 @@ def up(
             _print_fit(address, lifecycle.fit_on_cluster(config, address))
         return
     lifecycle.refuse_if_running()
+    lifecycle.refuse_busy_port(config)
     if detach:
         with console.status("waiting for the fleet to be ready"):
             state = lifecycle.start_detached(config_file, port, ready_timeout_s, say=_say)

@@ -9,6 +9,7 @@ set_replicas(config, model, log_dir, n, app)
                                           or removes replicas (or a new app: green)
 delete_app(app)                           an app deleted; its replicas drain
 failed_deployments(config)                models whose app failed, with Serve's words
+                                          (one line when a vLLM server failed to start)
 cluster_status()                          what `status` reads of Ray and Serve
 """
 
@@ -131,8 +132,19 @@ def failed_deployments(config: FleetConfig, apps: dict[str, str] | None = None) 
         app = statuses.get((apps or {}).get(model.name, model.name))
         if app is not None and app.status == "DEPLOY_FAILED":
             details = [d.message for d in app.deployments.values() if d.message]
-            failed[model.name] = "\n".join([app.message, *details])
+            failed[model.name] = failure_reason("\n".join([app.message, *details]))
     return failed
+
+
+def failure_reason(message: str) -> str:
+    """One line out of Serve's message for a replica that could not start: why its vLLM
+    server failed and where its log is, when the message carries an ``EngineFailed``;
+    else Serve's whole message."""
+    for line in message.splitlines():
+        if "EngineFailed: " in line:
+            reason = line.split("EngineFailed: ", 1)[1].rstrip(":")
+            return reason.replace("; last lines of ", "; its log: ")
+    return message
 
 
 async def cluster_status() -> dict[str, Any]:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -238,9 +239,10 @@ class EngineProcess:
         while time.monotonic() < deadline:
             if self.proc is None or not self.alive():
                 code = self.proc.returncode if self.proc else None
+                tail = self.log_tail()
                 raise EngineFailed(
-                    f"vLLM server for {self.served_name!r} exited with code {code} "
-                    f"before it was healthy; last lines of {self.log_path}:\n{self.log_tail()}"
+                    f"vLLM server for {self.served_name!r} exited with code {code} before it "
+                    f"was healthy{last_error(tail)}; last lines of {self.log_path}:\n{tail}"
                 )
             problem = also() if also is not None else None
             if problem:
@@ -277,6 +279,18 @@ class EngineProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+_ERROR_LINE = re.compile(r"\b(\w*(?:Error|Exception)): (.+)$")
+
+
+def last_error(log_text: str) -> str:
+    """The last exception a log names, as " (Kind: message)", or ""."""
+    for line in reversed(log_text.splitlines()):
+        match = _ERROR_LINE.search(line.strip())
+        if match:
+            return f" ({match.group(1)}: {match.group(2)[:300]})"
+    return ""
 
 
 def vllm_processes(server_pid: int) -> tuple[list[psutil.Process], list[psutil.Process]]:

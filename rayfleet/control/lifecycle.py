@@ -6,10 +6,11 @@
                                   and what each replica asks Ray for
     fit_on_cluster(config, addr)  the running cluster's nodes and free resources, and
                                   where each replica would fit or why not (``ClusterFit``)
+    refuse_busy_port(config)      the gateway's port must be free before anything starts
     serve(config)                 check engine args, run the fleet in this process
                                   (``FleetProcess``) until SIGINT or SIGTERM
     start_detached(file, port)    the same in a background process; returns its state
-                                  once the fleet is ready
+                                  once the fleet is ready, or raises its one-line error
     running_state()               the running fleet's ``RunState``; a gone fleet's
                                   leftovers (vLLM servers, state file) are cleaned up
     fetch_status(state)           the gateway's ``/rayfleet/status`` report
@@ -24,6 +25,7 @@ otherwise wait out its whole timeout for a process that will never stop again.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -147,6 +149,31 @@ def refuse_if_running() -> None:
         )
 
 
+def refuse_busy_port(config: FleetConfig) -> None:
+    """Raise when the gateway could not listen on its host and port, before Ray or any
+    replica starts (the gateway itself starts once the replicas are deployed)."""
+    host, port = config.gateway.host, config.gateway.port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise RayfleetError(
+                f"gateway cannot listen on {host}:{port} ({exc.strerror}{_holder(port)}); "
+                "pass another --port or stop what uses it"
+            ) from None
+
+
+def _holder(port: int) -> str:
+    try:
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
+                return f", held by pid {conn.pid}" if conn.pid else ""
+    except psutil.Error:
+        pass
+    return ""
+
+
 def serve(config: FleetConfig, say: Say = print) -> None:
     """Check the engine arguments, then run the fleet here until SIGINT or SIGTERM."""
     from rayfleet.control.fleet import FleetProcess
@@ -183,11 +210,7 @@ def start_detached(
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
-            raise RayfleetError(
-                f"the fleet exited with code {proc.returncode} before it was ready:\n"
-                + "\n".join(tail)
-            )
+            raise RayfleetError(_exit_reason(log_path, proc.returncode))
         state = RunState.load()
         if state is not None and state.pid == proc.pid and state.phase == "ready":
             return state
@@ -195,6 +218,18 @@ def start_detached(
     raise RayfleetError(
         f"the fleet was not ready after {ready_timeout_s:.0f}s; see {log_path}, "
         "then `rayfleet down`"
+    )
+
+
+def _exit_reason(log_path: Path, returncode: int) -> str:
+    """Why a detached fleet exited: the error line `rayfleet up` ended with (its log
+    named), else the end of its log."""
+    lines = log_path.read_text(errors="replace").strip().splitlines()
+    errors = [line for line in lines if line.startswith("error: ")]
+    if errors:
+        return f"{errors[-1].removeprefix('error: ')} (log: {log_path})"
+    return f"the fleet exited with code {returncode} before it was ready:\n" + "\n".join(
+        lines[-15:]
     )
 
 
