@@ -1,7 +1,8 @@
-"""`rayfleet down` at each phase of a replica's start leaves no vLLM process behind.
+"""Stopping a fleet at each phase of a replica's start leaves no vLLM process behind.
 
 A fleet is started in the foreground (`rayfleet up`, as a user would in another
-terminal) and stopped with `rayfleet down` as soon as its one replica reaches a phase,
+terminal) and stopped with `rayfleet down` (and once with Ctrl-C, which has no list of
+the fleet's processes to fall back on) as soon as its one replica reaches a phase,
 read from the process tree and the replica's vLLM log, never from a timer:
 
     server spawned     vLLM's API server process runs (still importing)
@@ -11,7 +12,7 @@ read from the process tree and the replica's vLLM log, never from a timer:
 
 Every process of the fleet carries its RAYFLEET_HOME in its environment (Ray's
 processes and vLLM's inherit the fleet process's), so a process re-parented to init
-(an engine core whose API server died) is still found. When `down` returns none may run.
+(an engine core whose API server died) is still found. Once stopped, none may run.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import pytest
 
 from rayfleet.control.engine import SERVER_MODULE, free_port
 from tests.integration.fleet import RAYFLEET, model_entry, wait_until, write_config
+from tests.integration.processes import describe, fleet_processes, is_vllm, running
 
 pytestmark = pytest.mark.integration
 
@@ -36,42 +38,6 @@ PHASE_TIMEOUT_S = 600
 DOWN_TIMEOUT_S = 180
 # Processes SIGKILLed just before `down` returned need a moment to be gone.
 GONE_TIMEOUT_S = 10
-
-
-def fleet_processes(home: Path) -> list[psutil.Process]:
-    """Every running process whose environment names ``home`` as RAYFLEET_HOME."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("RAYFLEET_HOME") == str(home) and running(proc):
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
-
-
-def running(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def is_vllm(proc: psutil.Process) -> bool:
-    try:
-        return proc.name().startswith("VLLM") or any("vllm" in a for a in proc.cmdline())
-    except psutil.Error:
-        return False
-
-
-def describe(procs: list[psutil.Process]) -> list[str]:
-    shown = []
-    for proc in procs:
-        try:
-            shown.append(f"{proc.pid} ppid={proc.ppid()} {proc.name()} {proc.cmdline()[:4]}")
-        except psutil.Error:
-            shown.append(f"{proc.pid} (gone)")
-    return shown
 
 
 def api_servers(home: Path) -> list[psutil.Process]:
@@ -126,8 +92,30 @@ def foreground_up(tmp_path: Path, tiny_model: Path) -> Iterator[subprocess.Popen
                 proc.kill()
 
 
-@pytest.mark.parametrize("phase", list(PHASES))
-def test_down_at_each_start_phase_leaves_no_vllm_process(tmp_path, foreground_up, phase):
+CASES = [("down", phase) for phase in PHASES] + [("ctrl-c", "loading weights")]
+
+
+def stop(how: str, home: Path, up: subprocess.Popen[str]) -> None:
+    """`rayfleet down` from another process, or Ctrl-C to the foreground `up` (its
+    process group, as a terminal sends it); returns once it has finished."""
+    if how == "ctrl-c":
+        os.killpg(up.pid, signal.SIGINT)
+        output, _ = up.communicate(timeout=DOWN_TIMEOUT_S)
+        assert up.returncode == 0 and "Traceback" not in output, output
+        return
+    down = subprocess.run(
+        [*RAYFLEET, "down"],
+        env={**os.environ, "RAYFLEET_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=DOWN_TIMEOUT_S,
+    )
+    assert down.returncode == 0, down.stderr
+    assert "Traceback" not in down.stderr, down.stderr
+
+
+@pytest.mark.parametrize(("how", "phase"), CASES)
+def test_stop_at_each_start_phase_leaves_no_vllm_process(tmp_path, foreground_up, how, phase):
     def reached() -> object:
         assert foreground_up.poll() is None, f"`rayfleet up` exited {foreground_up.returncode}"
         return PHASES[phase](tmp_path)
@@ -137,21 +125,13 @@ def test_down_at_each_start_phase_leaves_no_vllm_process(tmp_path, foreground_up
     servers = [p for p in before if is_vllm(p)]
     assert servers, f"no vLLM process at {phase!r}: {describe(before)}"
 
-    down = subprocess.run(
-        [*RAYFLEET, "down"],
-        env={**os.environ, "RAYFLEET_HOME": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=DOWN_TIMEOUT_S,
-    )
-    assert down.returncode == 0, down.stderr
-    assert "Traceback" not in down.stderr, down.stderr
+    stop(how, tmp_path, foreground_up)
 
     def leftovers() -> list[psutil.Process]:
         return [p for p in {*before, *fleet_processes(tmp_path)} if running(p)]
 
     assert wait_until(lambda: not leftovers(), GONE_TIMEOUT_S), (
-        f"left running after `down` at {phase!r}: {describe(leftovers())}"
+        f"left running after {how} at {phase!r}: {describe(leftovers())}"
     )
     assert not (tmp_path / "run" / "fleet.json").exists()
     foreground_up.wait(timeout=30)

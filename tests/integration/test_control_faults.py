@@ -1,0 +1,248 @@
+"""Faults of the control plane, and clients that leave, against a real fleet.
+
+- `rayfleet up` on a port in use, and a fleet with one model that cannot start: one
+  line of error, and nothing left running (no Ray, no vLLM, no state file);
+- the replica registry's process or the Serve controller's killed (Ray restarts both):
+  a steady client sees no failure, and the registry fills again from the replicas'
+  health checks;
+- a client that disconnects while its request streams, or while it waits in vLLM's
+  queue behind another: vLLM drops the request within 1 s of the disconnect.
+
+The module's fleet serves one replica of the tiny model with ``max_num_seqs: 1``, so a
+second request waits in vLLM's queue while a first one runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import openai
+import psutil
+import pytest
+
+from rayfleet.control.engine import free_port
+from tests.integration.fleet import (
+    RAYFLEET,
+    TINY_ARGS,
+    RunningFleet,
+    model_entry,
+    wait_until,
+    write_config,
+)
+from tests.integration.processes import describe, fleet_processes
+
+pytestmark = pytest.mark.integration
+
+MAX_MODEL_LEN = 2048
+ABORT_DEADLINE_S = 1.0  # from the client's disconnect to vLLM's gauge dropping
+RESTART_TIMEOUT_S = 120
+GONE_TIMEOUT_S = 10
+REGISTRY_WARMUP_S = 8.0  # FleetRegistry's warmup_s
+REQUESTS_AFTER = 20  # requests a steady client must see answered once recovered
+
+
+@pytest.fixture(scope="module")
+def fleet_models(tiny_model) -> list[dict[str, Any]]:
+    args = {**TINY_ARGS, "max_model_len": MAX_MODEL_LEN, "max_num_seqs": 1}
+    return [model_entry("tiny", tiny_model, args)]
+
+
+def up_detached(
+    home: Path, models: list[dict[str, Any]], port: int
+) -> subprocess.CompletedProcess[str]:
+    config = write_config(home, models, port)
+    return subprocess.run(
+        [*RAYFLEET, "up", "-c", str(config), "--detach"],
+        env={**os.environ, "RAYFLEET_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def assert_one_error_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, stderr
+    after = stderr[stderr.index(errors[0]) + len(errors[0]) :]
+    assert not after.strip(), f"more than one line of error:\n{stderr}"
+    return errors[0]
+
+
+def assert_nothing_left(home: Path) -> None:
+    assert wait_until(lambda: not fleet_processes(home), GONE_TIMEOUT_S), describe(
+        fleet_processes(home)
+    )
+    assert not (home / "run" / "fleet.json").exists()
+
+
+def test_up_on_a_port_in_use_refuses_in_one_line_and_starts_nothing(tmp_path, tiny_model):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = up_detached(tmp_path, [model_entry("tiny", tiny_model)], port)
+    assert result.returncode != 0
+    line = assert_one_error_line(result.stderr)
+    assert f"cannot listen on 127.0.0.1:{port}" in line and "--port" in line, line
+    assert_nothing_left(tmp_path)
+
+
+def test_a_model_that_cannot_start_fails_up_in_one_line_and_leaves_nothing(tmp_path, tiny_model):
+    not_a_model = tmp_path / "not-a-model"
+    not_a_model.mkdir()
+    (not_a_model / "README.md").write_text("no weights here\n")
+    models = [model_entry("tiny", tiny_model), model_entry("broken", not_a_model)]
+    result = up_detached(tmp_path, models, free_port())
+    assert result.returncode != 0
+    line = assert_one_error_line(result.stderr)
+    assert "model 'broken' failed to deploy" in line and "broken" in line, line
+    assert "log" in line, line
+    assert_nothing_left(tmp_path)
+
+
+class SteadyClient:
+    """One small request after another on a thread, counting answers and failures."""
+
+    def __init__(self, client: openai.OpenAI):
+        self.client = client
+        self.answered = 0
+        self.failures: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.client.completions.create(model="tiny", prompt="hi", max_tokens=2)
+                self.answered += 1
+            except Exception as exc:  # any failure is what the test looks for
+                self.failures.append(repr(exc))
+            self.stop.wait(0.1)
+
+    def answered_more(self, num: int) -> bool:
+        target = self.answered + num
+        return bool(wait_until(lambda: self.answered >= target or self.failures, 120))
+
+    def __enter__(self) -> SteadyClient:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def ray_process(fleet: RunningFleet, actor: str) -> psutil.Process | None:
+    """The process of a Ray actor of the fleet (Ray titles it ``ray::<class>``)."""
+    for proc in fleet_processes(fleet.home):
+        with contextlib.suppress(psutil.Error):
+            if f"ray::{actor}" in " ".join(proc.cmdline()):
+                return proc
+    return None
+
+
+def serving_replicas(fleet: RunningFleet) -> list[dict[str, Any]]:
+    return [r for r in fleet.status()["replicas"] if r["healthy"] and not r["draining"]]
+
+
+@pytest.mark.parametrize("actor", ["FleetRegistry", "ServeController"])
+def test_a_restarted_control_actor_costs_no_request(fleet, client, actor):
+    assert wait_until(lambda: serving_replicas(fleet), RESTART_TIMEOUT_S)
+    old = ray_process(fleet, actor)
+    assert old is not None, describe(fleet_processes(fleet.home))
+    with SteadyClient(client) as load:
+        assert load.answered_more(5), load.failures
+        old.kill()
+        killed_at = time.monotonic()
+        new = wait_until(
+            lambda: (p := ray_process(fleet, actor)) and p.pid != old.pid and p, RESTART_TIMEOUT_S
+        )
+        assert new, f"Ray did not restart {actor}"
+        # The registry refuses to list for its warm-up, then lists what re-registered.
+        assert wait_until(lambda: time.monotonic() - killed_at > REGISTRY_WARMUP_S + 2, 30)
+        assert wait_until(lambda: serving_replicas(fleet), RESTART_TIMEOUT_S)
+        assert load.answered_more(REQUESTS_AFTER), load.failures
+    assert not load.failures, f"{len(load.failures)} failed: {load.failures[:3]}"
+    (replica,) = serving_replicas(fleet)
+    assert replica["model"] == "tiny"
+
+
+def engine_gauge(url: str, name: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
+
+
+def open_stream(fleet: RunningFleet, max_tokens: int) -> socket.socket:
+    """A streaming completion sent on a raw connection, left unread."""
+    body = json.dumps(
+        {
+            "model": "tiny",
+            "prompt": "Once upon a time",
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    ).encode()
+    sock = socket.create_connection(("127.0.0.1", fleet.port), timeout=10)
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def seconds_until(predicate: Any, deadline_s: float) -> float | None:
+    """Seconds until ``predicate()`` held, polled every 20 ms; None past ``deadline_s``."""
+    started = time.monotonic()
+    while time.monotonic() - started <= deadline_s:
+        if predicate():
+            return time.monotonic() - started
+        time.sleep(0.02)
+    return None
+
+
+@pytest.mark.parametrize("where", ["mid-stream", "mid-queue"])
+def test_a_client_that_leaves_is_dropped_by_vllm_within_a_second(fleet, where):
+    (replica,) = wait_until(lambda: serving_replicas(fleet), RESTART_TIMEOUT_S) or [None]
+    assert replica is not None
+    url = replica["url"]
+    running = lambda: engine_gauge(url, "vllm:num_requests_running")  # noqa: E731
+    waiting = lambda: engine_gauge(url, "vllm:num_requests_waiting")  # noqa: E731
+    assert wait_until(lambda: running() == 0 and waiting() == 0, 60), "the engine is busy"
+
+    first = open_stream(fleet, MAX_MODEL_LEN - 64)
+    second = None
+    try:
+        assert wait_until(lambda: running() == 1, 30), "the first request never ran"
+        if where == "mid-stream":
+            leaving, gauge = first, running
+        else:
+            second = open_stream(fleet, 16)
+            assert wait_until(lambda: waiting() == 1, 30), "the second request never queued"
+            assert running() == 1, "the first request ended before the second one left"
+            leaving, gauge = second, waiting
+        leaving.close()
+        took = seconds_until(lambda: gauge() == 0, ABORT_DEADLINE_S)
+        print(f"{where}: vLLM dropped the request {took} s after the disconnect")
+        assert took is not None, f"vLLM still had the request {ABORT_DEADLINE_S} s after {where}"
+    finally:
+        for sock in (first, second):
+            if sock is not None:
+                sock.close()
+    assert wait_until(lambda: running() == 0 and waiting() == 0, 30)
