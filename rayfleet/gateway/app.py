@@ -38,12 +38,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from rayfleet.gateway import access_log
 from rayfleet.gateway.dispatch import Dispatcher
-from rayfleet.gateway.errors import GATEWAY_REPLICA, REPLICA_HEADER, RequestError, openai_error
+from rayfleet.gateway.errors import GATEWAY_REPLICA, REPLICA_HEADER, RequestError
+from rayfleet.gateway.http_errors import GatewayRunner, json_http_errors, read_body
 from rayfleet.gateway.metrics import GatewayMetrics
+from rayfleet.gateway.openapi import OPENAPI_PATH, openapi_document
 from rayfleet.gateway.policies import Policies
 from rayfleet.gateway.replica_gauges import PERIOD_S, ReplicaGauges
 from rayfleet.gateway.replicas import Entry, ReplicaSet
@@ -77,6 +78,7 @@ class Gateway:
         hold_s: dict[str, float] | None = None,
         extra_routes: list[Route] | None = None,
         replica_metrics_period_s: float | None = PERIOD_S,
+        body_timeout_s: float = 60.0,
     ):
         self.policies = policies if policies is not None else Policies.plain(models)
         self.replica_set = ReplicaSet(
@@ -109,6 +111,7 @@ class Gateway:
         self.source = source
         self.status_extra = status_extra
         self.poll_interval_s = poll_interval_s
+        self.body_timeout_s = body_timeout_s  # a body trickled slower is a 408
         self.max_body_bytes = self.policies.default_limits.max_body_bytes or (
             _DEFAULT_MAX_BODY_BYTES
         )
@@ -119,7 +122,7 @@ class Gateway:
 
     def build_app(self) -> web.Application:
         app = web.Application(
-            middlewares=[_json_http_errors(self.max_body_bytes)],
+            middlewares=[json_http_errors(self.max_body_bytes)],
             client_max_size=self.max_body_bytes,
         )
         access_log.install(app)  # x-request-id on every answer; a JSON line per request
@@ -129,6 +132,7 @@ class Gateway:
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.prometheus)
         app.router.add_get("/rayfleet/status", self.status)
+        app.router.add_get(OPENAPI_PATH, self.openapi)
         for method, path, handler in self.extra_routes:
             app.router.add_route(method, path, handler)
         app.on_startup.append(self._start)
@@ -272,6 +276,10 @@ class Gateway:
                 body["status_error"] = str(exc)
         return web.json_response(body, headers={REPLICA_HEADER: GATEWAY_REPLICA})
 
+    async def openapi(self, _request: web.Request) -> web.Response:
+        routes = [(method, path) for method, path, _ in self.extra_routes]
+        return web.json_response(openapi_document(routes))
+
     # -- the data path ---------------------------------------------------------------
 
     def _proxy_for(self, path: str) -> Handler:
@@ -286,7 +294,7 @@ class Gateway:
         try:
             key = policies.authenticate(request.headers)
             self._check_declared_size(request)
-            raw = await request.read()
+            raw = await read_body(request, self.body_timeout_s)
             parsed = parse_request(path, raw)
             admission = policies.admit(path, parsed, len(raw), request.headers, self._usable, key)
         except RequestError as exc:
@@ -297,13 +305,14 @@ class Gateway:
             admission.release()
 
     def _check_declared_size(self, request: web.Request) -> None:
-        cap = self.policies.default_limits.max_body_bytes
-        if cap is not None and request.content_length is not None and request.content_length > cap:
+        cap = self.max_body_bytes
+        if request.content_length is not None and request.content_length > cap:
             raise RequestError(
                 413,
                 f"Request body is {request.content_length} bytes; the limit is {cap} bytes.",
                 code="body_too_large",
                 reason="body_too_large",
+                close=True,  # refused before the body is read: do not read it
             )
 
     def _usable(self, model: str) -> bool:
@@ -311,31 +320,11 @@ class Gateway:
         return bool(self.replica_set.candidates(model))
 
 
-def _json_http_errors(max_body_bytes: int) -> Middleware:
-    """Turn aiohttp's plain-text HTTP errors (404, 405, 413) into OpenAI error JSON."""
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            message = {
-                404: f"Unknown endpoint {request.method} {request.path}.",
-                405: f"Method {request.method} is not allowed on {request.path}.",
-                413: f"Request body too large (limit {max_body_bytes} bytes).",
-            }.get(exc.status, exc.reason)
-            return openai_error(exc.status, message)
-
-    return middleware
-
-
 async def start_gateway(gateway: Gateway, host: str, port: int) -> web.AppRunner:
     """Serve ``gateway`` on host:port; a busy port is a clear RayfleetError."""
     from rayfleet.errors import RayfleetError
 
-    runner = web.AppRunner(gateway.build_app(), handler_cancellation=True, access_log=None)
+    runner = GatewayRunner(gateway.build_app(), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)
     try:

@@ -17,6 +17,8 @@ _TYPES = {
     404: "invalid_request_error",
     408: "timeout_error",
     413: "invalid_request_error",
+    414: "invalid_request_error",
+    431: "invalid_request_error",
     429: "rate_limit_error",
     500: "internal_error",
     502: "upstream_error",
@@ -37,8 +39,10 @@ class RequestError(Exception):
         code: str | None = None,
         reason: str = "bad_request",
         headers: dict[str, str] | None = None,
+        close: bool = False,
     ):
         super().__init__(message)
+        self.close = close  # end the connection after the answer (a body left unread)
         self.headers = headers
         self.status = status
         self.message = message
@@ -52,6 +56,8 @@ class RequestError(Exception):
         )
         if self.headers:
             response.headers.update(self.headers)
+        if self.close:
+            response.force_close()
         return response
 
 
