@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/routing.py [--replicas 8,64] [--rounds 1] [--out results/routing]
     .venv/bin/python benchmarks/routing.py --restart-only        # the restart case alone
-    .venv/bin/python benchmarks/routing_vllm.py                  # the same on real vLLM
+    flock /tmp/rayfleet-heavy.lock .venv/bin/python benchmarks/routing_vllm.py  # real vLLM
 
 For each fleet size, one ``rayfleet sim`` process serves the replicas (``SimFleetProcess``)
 with the tiny model's calibrated spec (benchmarks/data/tiny-sim-spec.json) whose step

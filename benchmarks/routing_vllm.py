@@ -1,0 +1,199 @@
+"""Replica routing on real vLLM: least_load, round_robin and prefix, side by side.
+
+    flock /tmp/rayfleet-heavy.lock .venv/bin/python benchmarks/routing_vllm.py \\
+        [--rounds 2] [--rate 4] [--round-s 40] [--out docs/results/routing-vllm]
+
+Two vLLM servers of the tiny model (the CPU build here), prefix caching on, blocks of
+``BLOCK_SIZE`` tokens, the KV cache capped with ``num_gpu_blocks_override`` so that each
+server holds ``--kv-fraction`` of the shared-prefix workload's system prompts: a policy
+that sends every group everywhere makes each server evict, one that keeps a group on one
+server lets it fit. Each round resets both servers' prefix caches (vLLM's
+``POST /reset_prefix_cache``, served with ``VLLM_SERVER_DEV_MODE=1``), starts a gateway
+process with the round's policy in front of the two URLs (sim_gateway.py, the same
+``Gateway`` rayfleet serves), and sends the workload through it with ``rayfleet bench``'s
+runner at a Poisson rate; rounds alternate the order of the policies. Workloads
+(rayfleet.bench.workloads, exact token lengths with the tiny model's tokenizer):
+shared-prefix (``GROUPS`` groups x ``PROMPTS_PER_GROUP`` questions, ``SYSTEM_LEN`` /
+``QUESTION_LEN`` / ``OUTPUT_LEN`` tokens, in a random order) and no-reuse (the control).
+
+Per policy: the realised hit rate (the increase of vLLM's own ``prefix_cache_hits`` over
+``prefix_cache_queries`` on both servers during the round), throughput, TTFT p50/p99 at
+the client; ratios against least_load; the issue's goals as PASS/FAIL lines (prefix's hit
+rate at least 2x least_load's and its TTFT p50 at least 50% lower on shared-prefix;
+within 5% of least_load's TTFT p50 on no-reuse). Writes ``<out>.json`` and ``<out>.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from routing_report import mean_row, print_table, save_plot
+from sim_gateway import GatewayProcess, metric_sum
+
+from rayfleet.bench.client import Target
+from rayfleet.bench.datasets import DatasetSpec, Prompt, WorkloadShape, load_tokenizer
+from rayfleet.bench.load import LoadShape
+from rayfleet.bench.runner import RunOutput, run_load
+from rayfleet.bench.workloads import make_workload
+from rayfleet.control.engine import EngineProcess
+from rayfleet.models.build import make_tiny
+
+MODEL = "tiny"
+POLICIES = ("least_load", "round_robin", "prefix")
+SCENARIOS = ("shared-prefix", "no-reuse")
+BLOCK_SIZE = 32
+SYSTEM_LEN, QUESTION_LEN, OUTPUT_LEN = 768, 32, 16
+GROUPS, PROMPTS_PER_GROUP = 8, 8
+ENGINE_ARGS = {
+    "enforce_eager": True,
+    "max_model_len": 1024,
+    "dtype": "float32",
+    "enable_prefix_caching": True,
+    "block_size": BLOCK_SIZE,
+}
+
+
+def kv_blocks(kv_fraction: float) -> int:
+    """Blocks per server: ``kv_fraction`` of the system prompts, and room for one whole
+    context (vLLM refuses fewer blocks than max_model_len needs)."""
+    shared = GROUPS * SYSTEM_LEN / BLOCK_SIZE
+    return max(math.ceil(kv_fraction * shared), ENGINE_ARGS["max_model_len"] // BLOCK_SIZE)
+
+
+def workload(name: str, num_prompts: int, tokenizer: object, seed: int) -> list[Prompt]:
+    shape = WorkloadShape(GROUPS, PROMPTS_PER_GROUP, SYSTEM_LEN, QUESTION_LEN, OUTPUT_LEN)
+    spec = DatasetSpec(name=name, num_prompts=num_prompts, seed=seed, workload=shape)
+    return make_workload(spec, tokenizer)  # type: ignore[arg-type]
+
+
+def cache_counters(urls: list[str]) -> tuple[float, float]:
+    """(hits, queries) of vLLM's prefix cache, summed over the servers, in tokens."""
+    hits = queries = 0.0
+    for url in urls:
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
+            text = response.read().decode()
+        hits += metric_sum(text, "vllm:prefix_cache_hits_total")
+        queries += metric_sum(text, "vllm:prefix_cache_queries_total")
+    return hits, queries
+
+
+def reset_caches(urls: list[str]) -> None:
+    for url in urls:
+        request = urllib.request.Request(url + "/reset_prefix_cache", method="POST")
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.status == 200, f"{url} refused to reset its prefix cache"
+
+
+def summarise(output: RunOutput, hits: float, queries: float) -> dict[str, float]:
+    ok = [r for r in output.results if r.ok]
+    ttft_ms = np.array([r.ttft_s for r in ok]) * 1e3 if ok else np.array([math.nan])
+    return {
+        "num_ok": len(ok),
+        "num_failed": len(output.results) - len(ok),
+        "hit_rate": hits / max(queries, 1.0),
+        "throughput_rps": len(ok) / output.duration_s,
+        "ttft_p50_ms": float(np.percentile(ttft_ms, 50)),
+        "ttft_p99_ms": float(np.percentile(ttft_ms, 99)),
+    }
+
+
+def run_round(urls: list[str], policy: str, prompts: list[Prompt], rate: float, seed: int) -> dict:
+    reset_caches(urls)
+    hits0, queries0 = cache_counters(urls)
+    with GatewayProcess(urls, MODEL, policy) as gateway:
+        target = Target(gateway.url, "/v1/completions", MODEL, ignore_eos=True)
+        output = run_load(target, prompts, LoadShape(request_rate=rate, seed=seed))
+    hits1, queries1 = cache_counters(urls)
+    return summarise(output, hits1 - hits0, queries1 - queries0)
+
+
+def goal_lines(scenarios: dict[str, dict[str, list[dict]]]) -> list[str]:
+    def mean(scenario: str, policy: str, column: str) -> float:
+        return mean_row(scenarios[scenario][policy])[column]
+
+    hit_x = mean("shared-prefix", "prefix", "hit_rate") / max(
+        mean("shared-prefix", "least_load", "hit_rate"), 1e-9
+    )
+    p50_x = mean("shared-prefix", "prefix", "ttft_p50_ms") / mean(
+        "shared-prefix", "least_load", "ttft_p50_ms"
+    )
+    control_x = mean("no-reuse", "prefix", "ttft_p50_ms") / mean(
+        "no-reuse", "least_load", "ttft_p50_ms"
+    )
+    goals = [
+        (hit_x >= 2, f"shared-prefix: prefix hit rate {hit_x:.2f}x least_load's >= 2x"),
+        (p50_x <= 0.5, f"shared-prefix: prefix TTFT p50 {p50_x:.2f}x least_load's <= 0.5x"),
+        (abs(control_x - 1) <= 0.05, f"no-reuse: prefix TTFT p50 {control_x:.2f}x, within 5%"),
+    ]
+    return [f"{'PASS' if ok else 'FAIL'}  {text}" for ok, text in goals]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2, help="rounds per policy and workload")
+    parser.add_argument("--rate", type=float, default=4.0, help="requests/s (Poisson)")
+    parser.add_argument("--round-s", type=float, default=40.0, help="seconds of requests a round")
+    parser.add_argument("--kv-fraction", type=float, default=0.6)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("docs/results/routing-vllm"))
+    args = parser.parse_args()
+
+    model = str(make_tiny())
+    tokenizer = load_tokenizer(model)
+    engine_args = {**ENGINE_ARGS, "num_gpu_blocks_override": kv_blocks(args.kv_fraction)}
+    num_prompts = int(args.rate * args.round_s)
+    results: dict[str, dict[str, list[dict]]] = {s: {p: [] for p in POLICIES} for s in SCENARIOS}
+    engines = [
+        EngineProcess(model, MODEL, engine_args, env={"VLLM_SERVER_DEV_MODE": "1"})
+        for _ in range(2)
+    ]
+    try:
+        for engine in engines:
+            engine.start()
+        for engine in engines:
+            engine.wait_healthy(timeout_s=900)
+        urls = [engine.url for engine in engines]
+        for round_ in range(args.rounds):
+            for scenario in SCENARIOS:
+                prompts = workload(scenario, num_prompts, tokenizer, args.seed + round_)
+                order = POLICIES if round_ % 2 == 0 else POLICIES[::-1]
+                for policy in order:
+                    row = run_round(urls, policy, prompts, args.rate, args.seed + round_)
+                    results[scenario][policy].append(row)
+                    shown = {k: round(v, 3) for k, v in row.items()}
+                    print(f"round {round_} {scenario:13s} {policy:11s} {shown}", flush=True)
+    finally:
+        for engine in engines:
+            engine.stop()
+    report = {
+        "fleets": {2: results},
+        "engine_args": engine_args,
+        "workload": dataclasses.asdict(
+            WorkloadShape(GROUPS, PROMPTS_PER_GROUP, SYSTEM_LEN, QUESTION_LEN, OUTPUT_LEN)
+        ),
+        "rate": args.rate,
+        "round_s": args.round_s,
+        "rounds": args.rounds,
+    }
+    print_table("2 real vLLM", results)
+    lines = goal_lines(results)
+    print("\n" + "\n".join(lines))
+    report["goals"] = lines
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    save_plot(report, args.out.with_suffix(".png"))
+    print(f"wrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
