@@ -3,12 +3,15 @@
 Make the hash of a key for fleet.yaml's ``key_sha256`` with ``rayfleet keys hash < keyfile``
 (or type the key at its prompt), which calls ``hash_key``.
 
-Keys are never logged; errors name the key's configured ``name`` only.
+Keys are never logged; errors name the key's configured ``name`` only. A key sent is
+hashed, then compared with every configured hash with ``hmac.compare_digest``, never
+stopping at a match, so the time taken tells nothing about which or how much matched.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,10 +65,10 @@ class KeyTable:
     """The configured keys, by hash."""
 
     def __init__(self, keys: list[ApiKey]):
-        self._by_hash = {k.hashed: k for k in keys}
+        self._keys = list(keys)
 
     def __bool__(self) -> bool:
-        return bool(self._by_hash)
+        return bool(self._keys)
 
     @classmethod
     def from_config(cls, configs: Iterable[ApiKeyConfig]) -> KeyTable:
@@ -97,9 +100,16 @@ class KeyTable:
                 reason="unauthorized",
             )
         scheme, _, key = authorization.partition(" ")
-        found = self._by_hash.get(hash_key(key.strip())) if scheme.lower() == "bearer" else None
-        if found is None:
+        found = self._match(hash_key(key.strip()).encode())
+        if found is None or scheme.lower() != "bearer":
             raise RequestError(
                 401, "Incorrect API key provided.", code="invalid_api_key", reason="unauthorized"
             )
+        return found
+
+    def _match(self, hashed: bytes) -> ApiKey | None:
+        found = None
+        for candidate in self._keys:  # all of them, whichever matches
+            if hmac.compare_digest(candidate.hashed.encode(), hashed):
+                found = candidate
         return found
