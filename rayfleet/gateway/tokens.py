@@ -103,7 +103,19 @@ class TokenCounter:
         encode = self._encoders.get(model) if model is not None else None
         if encode is None:
             return -(-prompt.num_bytes // BYTES_PER_TOKEN_ESTIMATE) + prompt.num_id_tokens
-        return (encode(prompt.text) if prompt.text else 0) + prompt.num_id_tokens
+        return (encode(_encodable(prompt.text)) if prompt.text else 0) + prompt.num_id_tokens
+
+
+def _encodable(text: str) -> str:
+    """``text`` with lone surrogates (JSON allows "\\ud800") replaced: tokenizers refuse
+    them with a TypeError, which was a 500 for a request a route had to count."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
 
 
 def _load_encoder(source: str) -> Encoder | None:

@@ -15,6 +15,7 @@ import logging
 import pytest
 from aiohttp import web
 
+from rayfleet.config import parse_fleet
 from rayfleet.gateway.limits import Limits
 from rayfleet.gateway.policies import Policies
 from rayfleet.gateway.validate import INPUT_FIELDS, OPTIONAL_FIELDS
@@ -276,3 +277,27 @@ def test_an_exception_escaping_a_handler_is_a_500_in_error_json(caplog):
     assert "a bug" not in error["message"]  # internals stay in the log
     assert any("a bug" in str(r.exc_info) for r in caplog.records if r.levelno >= logging.ERROR)
     caplog.clear()  # logged at ERROR on purpose: a handler's bug is the gateway's error
+
+
+@pytest.mark.parametrize("model", ["m", "auto"])
+def test_lone_surrogates_in_a_prompt_a_route_counts_are_no_500(tiny_model, model):
+    # JSON allows "\ud800"; the tokenizer refused the decoded text with a TypeError.
+    rules = [
+        {"name": "short", "target": "m", "prompt_tokens_below": 10},
+        {"name": "rest", "target": "m"},
+    ]
+    config = {
+        "gateway": {"routes": [{"name": "auto", "rules": rules}]},
+        "models": [
+            {"name": "m", "source": str(tiny_model), "engine_args": {"max_model_len": 4096}}
+        ],
+    }
+    policies = Policies.from_fleet(parse_fleet(config))
+    raw = b'{"model": "%b", "prompt": "%b"}' % (model.encode(), b"a\\ud800b " * 200)
+
+    async def scenario(served):
+        return await exchange(served, post("/v1/completions", raw))
+
+    answer, reached = run(scenario, policies=policies)
+    assert answer.status == 200, answer.body[:300]
+    assert json.loads(reached[0][2])["prompt"].count("\ud800") == 200
