@@ -1,0 +1,156 @@
+"""Keys and leaks, checked on the wire: the gateway with API keys in front of a recording
+replica and a recording fallback provider.
+
+A client's key must reach neither (the upstreams record every header and body they
+got), must not be logged (every record of every logger, the access log included), and
+must not show in /rayfleet/status, which also shows no provider key or URL and no prompt.
+A key limited to one model reaches neither another model nor a route to it. Keys are
+compared in constant time: every configured hash is compared, whichever matches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from rayfleet.config import parse_fleet
+from rayfleet.gateway.auth import hash_key
+from rayfleet.gateway.errors import RequestError
+from rayfleet.gateway.policies import Policies
+from tests.unit.hostile import ROUTES, Recorder, serving
+
+ALPHA, BETA = "sk-alpha-0123456789", "sk-beta-9876543210"
+PROVIDER_KEY = "sk-provider-secret-55"
+PROMPT = "a prompt nobody else may read 7f3a"
+
+
+def policies(provider_url: str) -> Policies:
+    gateway = {
+        "api_keys": [
+            {"name": "alpha", "key_sha256": hash_key(ALPHA)},
+            {"name": "beta", "key_sha256": hash_key(BETA), "models": ["a"]},
+        ],
+        "routes": [
+            {"name": "to-b", "rules": [{"name": "b", "target": "b"}]},
+            {"name": "outside", "rules": [{"name": "p", "target": "fallback:p"}]},
+        ],
+        "fallback": {
+            "providers": [
+                {
+                    "name": "p",
+                    "base_url": provider_url + "/v1",
+                    "api_key_env": "RF_HOSTILE_PROVIDER_KEY",
+                    "default_model": "remote",
+                }
+            ]
+        },
+    }
+    models = [{"name": name, "source": "/models/none"} for name in ("a", "b")]
+    return Policies.from_fleet(parse_fleet({"gateway": gateway, "models": models}))
+
+
+def run(scenario, monkeypatch):
+    monkeypatch.setenv("RF_HOSTILE_PROVIDER_KEY", PROVIDER_KEY)
+
+    async def main():
+        provider = Recorder()
+        app = web.Application()
+        for route in ROUTES:
+            app.router.add_post(route, provider.answer)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
+        try:
+            fleet = serving(("a", "b"), policies(f"http://{host}:{port}"))
+            async with fleet as served, aiohttp.ClientSession(served.url) as client:
+                return await scenario(served, provider, client)
+        finally:
+            await runner.cleanup()
+
+    return asyncio.run(main())
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def ask(client, model: str, key: str, stream: bool = False) -> tuple[int, dict]:
+    body = {"model": model, "prompt": PROMPT, "stream": stream}
+    async with client.post("/v1/completions", json=body, headers=bearer(key)) as response:
+        text = await response.text()
+        return response.status, {"text": text, "headers": dict(response.headers)}
+
+
+def test_keys_reach_no_upstream_and_no_log(monkeypatch, caplog):
+    async def scenario(served, provider, client):
+        answers = [
+            await ask(client, "a", ALPHA),
+            await ask(client, "b", ALPHA, stream=True),
+            await ask(client, "outside", ALPHA),
+            await ask(client, "a", BETA),
+        ]
+        return answers, served.upstream.requests, provider.requests
+
+    with caplog.at_level(logging.DEBUG):
+        answers, replica_got, provider_got = run(scenario, monkeypatch)
+    assert [status for status, _ in answers] == [200, 200, 200, 200]
+    assert len(replica_got) == 3 and len(provider_got) == 1
+    for _, headers, body in replica_got:
+        assert "authorization" not in {h.lower() for h in headers}  # stripped
+        wire = repr(headers) + body.decode()
+        assert ALPHA not in wire and BETA not in wire and PROVIDER_KEY not in wire
+    _, headers, body = provider_got[0]
+    assert headers["Authorization"] == f"Bearer {PROVIDER_KEY}"  # its own key, only
+    assert ALPHA not in repr(headers) + body.decode()
+    logged = "\n".join(r.getMessage() + repr(r.args) for r in caplog.records)
+    assert "rayfleet.access" in {r.name for r in caplog.records}
+    assert ALPHA not in logged and BETA not in logged and PROVIDER_KEY not in logged
+
+
+def test_a_key_limited_to_one_model_reaches_no_other_model_nor_a_route_to_it(monkeypatch):
+    async def scenario(served, provider, client):
+        answers = [await ask(client, m, BETA) for m in ("b", "to-b", "outside", "a")]
+        wrong = await ask(client, "a", BETA + "x")
+        return answers, wrong, len(served.upstream.requests), len(provider.requests)
+
+    answers, wrong, num_replica, num_provider = run(scenario, monkeypatch)
+    assert [status for status, _ in answers] == [403, 403, 403, 200]
+    assert all('"model_not_allowed"' in a["text"] for _, a in answers[:3])
+    assert wrong[0] == 401 and (num_replica, num_provider) == (1, 0)
+
+
+def test_status_leaks_no_key_no_provider_and_no_prompt(monkeypatch):
+    async def scenario(served, provider, client):
+        await ask(client, "a", ALPHA)
+        await ask(client, "outside", ALPHA)
+        async with client.get("/rayfleet/status") as response:
+            return response.status, await response.text()
+
+    status, text = run(scenario, monkeypatch)
+    assert status == 200 and '"replicas"' in text
+    for secret in (ALPHA, BETA, PROVIDER_KEY, PROMPT, "sha256:", '/v1"', "remote"):
+        assert secret not in text, secret
+
+
+@pytest.mark.parametrize("sent", [ALPHA, BETA, "sk-wrong", ALPHA[:-1]])
+def test_every_configured_hash_is_compared_whichever_matches(monkeypatch, sent):
+    monkeypatch.setenv("RF_HOSTILE_PROVIDER_KEY", PROVIDER_KEY)
+    table = policies("http://127.0.0.1:1").keys
+    calls = []
+    real = hmac.compare_digest
+
+    def counting(a, b):
+        calls.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", counting)
+    with contextlib.suppress(RequestError):  # a wrong key is a 401; the comparisons count
+        table.authenticate(f"Bearer {sent}")
+    assert len(calls) == 2  # both keys, whether the first, the second or neither matched
