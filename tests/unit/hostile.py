@@ -44,9 +44,10 @@ class Recorder:
             return web.json_response({"object": "answer", "path": request.path})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        if self.big:
-            await response.write(self.big)
-            self.written += len(self.big)
+        for start in range(0, len(self.big), 64 * 1024):  # each write waits for the reader
+            piece = self.big[start : start + 64 * 1024]
+            await response.write(piece)
+            self.written += len(piece)
         for i in range(self.pieces):
             piece = f"data: {json.dumps({'i': i})}\n\n".encode()
             await response.write(piece)
@@ -65,6 +66,12 @@ class Served:
     host: str
     port: int
     upstream_url: str
+    runner: web.AppRunner
+
+    def gateway_connections(self) -> list[Any]:
+        """The client connections the gateway holds open now."""
+        assert self.runner.server is not None
+        return self.runner.server.connections
 
     @property
     def url(self) -> str:
@@ -99,7 +106,7 @@ async def serving(
     runner = await start_gateway(gateway, "127.0.0.1", 0)
     host, port = runner.addresses[0][:2]
     try:
-        yield Served(gateway, upstream, host, port, up_url)
+        yield Served(gateway, upstream, host, port, up_url, runner)
     finally:
         await runner.cleanup()
         await up_runner.cleanup()
