@@ -229,7 +229,11 @@ def test_a_client_that_leaves_is_dropped_by_vllm_within_a_second(fleet, where):
     first = open_stream(fleet, MAX_MODEL_LEN - 64)
     second = None
     try:
-        assert wait_until(lambda: running() == 1, 30), "the first request never ran"
+        if not wait_until(lambda: running() == 1, 30):
+            first.settimeout(1)
+            with contextlib.suppress(OSError):
+                raise AssertionError(f"the first request never ran: {first.recv(2000)!r}")
+            raise AssertionError("the first request never ran, and the gateway answered nothing")
         if where == "mid-stream":
             leaving, gauge = first, running
         else:
