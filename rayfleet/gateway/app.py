@@ -247,7 +247,9 @@ class Gateway:
         if refused is not None:
             return refused
         models = {m: self.replica_set.num_healthy(m) for m in self.replica_set.models}
-        ready = all(models.values())
+        # A model with no replica now but requests held until one starts (autoscaled, at
+        # zero or in a window) is ready to take requests.
+        ready = all(n or self.dispatcher.hold_s.get(m, 0.0) > 0 for m, n in models.items())
         return web.json_response(
             {"status": "ok" if ready else "degraded", "models": models},
             status=200 if ready else 503,
