@@ -104,7 +104,7 @@ class FleetProcess:
 
     async def _main(self) -> None:
         from rayfleet.gateway.access_log import close_access_log, open_access_log
-        from rayfleet.gateway.app import start_gateway
+        from rayfleet.gateway.app import listen, start_gateway
 
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
@@ -113,6 +113,8 @@ class FleetProcess:
         runner = None
         scaling: asyncio.Task[None] | None = None
         try:
+            # Bound before Ray starts: its processes take ports that were free a moment ago.
+            listener = listen(self.config.gateway.host, self.config.gateway.port)
             self.say(f"starting Ray ({self.config.cluster.address})")
             await asyncio.to_thread(connect_ray, self.config)
             self.node_ip = await asyncio.to_thread(_this_node_ip)
@@ -121,7 +123,7 @@ class FleetProcess:
             gateway = self._gateway()
             await self._start_replicas()
             runner = await start_gateway(
-                gateway, self.config.gateway.host, self.config.gateway.port
+                gateway, self.config.gateway.host, self.config.gateway.port, listener
             )
             ready = asyncio.create_task(self._wait_until_ready(gateway))
             stopped = asyncio.create_task(stop.wait())

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -322,19 +323,31 @@ class Gateway:
         return bool(self.replica_set.candidates(model))
 
 
-async def start_gateway(gateway: Gateway, host: str, port: int) -> web.AppRunner:
-    """Serve ``gateway`` on host:port; a busy port is a clear RayfleetError."""
+def listen(host: str, port: int) -> socket.socket:
+    """The gateway's listening socket, bound now: a fleet binds it before Ray starts, whose
+    processes take ports of their own; a busy port is a clear RayfleetError."""
     from rayfleet.errors import RayfleetError
 
-    runner = GatewayRunner(gateway.build_app(), handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        await site.start()
+        return socket.create_server((host, port), family=family, backlog=1024)
     except OSError as exc:
-        await runner.cleanup()
         raise RayfleetError(
             f"gateway cannot listen on {host}:{port} ({exc.strerror}); "
             "pass another --port or stop what uses it"
         ) from None
+
+
+async def start_gateway(
+    gateway: Gateway, host: str, port: int, sock: socket.socket | None = None
+) -> web.AppRunner:
+    """Serve ``gateway`` on ``sock`` (from ``listen``), or on host:port."""
+    runner = GatewayRunner(gateway.build_app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    try:
+        site = web.SockSite(runner, sock or listen(host, port), backlog=1024)
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
     return runner
