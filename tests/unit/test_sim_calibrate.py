@@ -26,7 +26,9 @@ def test_fit_needs_enough_rows() -> None:
 
 
 def test_calibration_recovers_a_simulated_replicas_latency_model() -> None:
-    spec = EngineSpec(step_s=0.006, prefill_token_s=4e-5, decode_seq_s=1e-3)
+    # Steps of tens of milliseconds: a busy machine's scheduling delays (a few ms) stay
+    # small beside them.
+    spec = EngineSpec(step_s=0.018, prefill_token_s=1.2e-4, decode_seq_s=3e-3)
     plan = CalibrationPlan(prompt_lens=(64, 400, 800, 1400), concurrencies=(1, 4, 8), num_repeats=2)
     with SimFleet(spec, num_replicas=1) as fleet:
         fit = calibrate(fleet.urls[0], "sim", plan)
