@@ -9,6 +9,10 @@
 - ``serving_engine(model, name, ...)``: one vLLM OpenAI server, started, healthy, and
   stopped (with every process of its group) on exit.
 - ``wait_until(predicate, timeout_s)``: poll a condition until a deadline.
+- ``start_foreground_up(home, config_path)``: `rayfleet up` in the foreground of a session of
+  its own, so a test can send its whole group Ctrl-C as a terminal does.
+- ``one_cpu_raylets(num_workers)``: a Ray cluster of a head and workers of one CPU each
+  on this machine (Ray's cluster utilities), shut down on exit.
 
     with running_fleet(tmp_path, [model_entry("tiny", tiny_model)]) as fleet:
         fleet.base_url        # http://127.0.0.1:PORT/v1
@@ -163,3 +167,32 @@ def serving_engine(
     with EngineProcess(str(model), served_name, engine_args, env=env) as engine:
         engine.wait_healthy(timeout_s=timeout_s)
         yield engine
+
+
+def start_foreground_up(home: Path, config_path: Path) -> subprocess.Popen[str]:
+    """`rayfleet up -c config_path` in ``home``, in the foreground of a session of its own
+    (its process group is the one a terminal's Ctrl-C reaches), output on a pipe."""
+    return subprocess.Popen(
+        [*RAYFLEET, "up", "-c", str(config_path)],
+        env={**os.environ, "RAYFLEET_HOME": str(home)},
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@contextlib.contextmanager
+def one_cpu_raylets(num_workers: int = 1) -> Iterator[Any]:
+    """A head raylet and ``num_workers`` worker raylets of one CPU each: a replica of one
+    CPU per node. Yields ray.cluster_utils.Cluster."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        for _ in range(num_workers):
+            cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        cluster.shutdown()

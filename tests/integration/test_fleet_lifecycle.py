@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import threading
 
 import openai
@@ -19,10 +18,10 @@ import pytest
 
 from rayfleet.control.engine import free_port
 from tests.integration.fleet import (
-    RAYFLEET,
     TINY_ARGS,
     model_entry,
     running_fleet,
+    start_foreground_up,
     wait_until,
     write_config,
 )
@@ -154,14 +153,7 @@ def test_ctrl_c_in_the_foreground_stops_everything(tmp_path, tiny_model):
     """Ctrl-C reaches the whole foreground process group, as a terminal sends it."""
     port = free_port()
     config = write_config(tmp_path, [model_entry("tiny", tiny_model)], port)
-    up = subprocess.Popen(
-        [*RAYFLEET, "up", "-c", str(config)],
-        env={**os.environ, "RAYFLEET_HOME": str(tmp_path)},
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    up = start_foreground_up(tmp_path, config)
     state_file = tmp_path / "run" / "fleet.json"
 
     def ready_state():

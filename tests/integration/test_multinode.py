@@ -21,7 +21,13 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from tests.integration.fleet import RunningFleet, model_entry, running_fleet, wait_until
+from tests.integration.fleet import (
+    RunningFleet,
+    model_entry,
+    one_cpu_raylets,
+    running_fleet,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -38,13 +44,8 @@ def spanning_model(tiny_model: Path, **fields: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def raylets() -> Iterator[Cluster]:
     """A head and one worker raylet: two Ray nodes, one CPU each."""
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    try:
-        cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
+    with one_cpu_raylets() as cluster:
         yield cluster
-    finally:
-        cluster.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,13 @@ import psutil
 import pytest
 from ray.cluster_utils import Cluster
 
-from tests.integration.fleet import RunningFleet, model_entry, running_fleet, wait_until
+from tests.integration.fleet import (
+    RunningFleet,
+    model_entry,
+    one_cpu_raylets,
+    running_fleet,
+    wait_until,
+)
 from tests.integration.load import StreamLoad
 
 pytestmark = pytest.mark.integration
@@ -28,13 +34,8 @@ NUM_STREAMS = 4
 @pytest.fixture(scope="module")
 def raylets() -> Iterator[Cluster]:
     """A head and one worker raylet, one CPU each: each holds one replica."""
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    try:
-        cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
+    with one_cpu_raylets() as cluster:
         yield cluster
-    finally:
-        cluster.shutdown()
 
 
 @pytest.fixture(scope="module")

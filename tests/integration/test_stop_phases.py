@@ -29,7 +29,13 @@ import psutil
 import pytest
 
 from rayfleet.control.engine import SERVER_MODULE, free_port
-from tests.integration.fleet import RAYFLEET, model_entry, wait_until, write_config
+from tests.integration.fleet import (
+    RAYFLEET,
+    model_entry,
+    start_foreground_up,
+    wait_until,
+    write_config,
+)
 from tests.integration.processes import describe, fleet_processes, is_vllm, running
 
 pytestmark = pytest.mark.integration
@@ -73,14 +79,7 @@ PHASES: dict[str, Callable[[Path], object]] = {
 def foreground_up(tmp_path: Path, tiny_model: Path) -> Iterator[subprocess.Popen[str]]:
     """`rayfleet up` of one tiny replica in the foreground of a session of its own."""
     config = write_config(tmp_path, [model_entry("tiny", tiny_model)], free_port())
-    up = subprocess.Popen(
-        [*RAYFLEET, "up", "-c", str(config)],
-        env={**os.environ, "RAYFLEET_HOME": str(tmp_path)},
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    up = start_foreground_up(tmp_path, config)
     try:
         yield up
     finally:
