@@ -128,7 +128,9 @@ async def _wait_serving(
     replica_set = fleet.gateway.replica_set
     while time.monotonic() < deadline:
         green = [r for r in replica_set.replicas(model.name) if r.app == app and not r.draining]
-        if len(green) >= target and await asyncio.to_thread(_answers, green[0].url, model.name):
+        if len(green) >= target and await asyncio.to_thread(
+            _answers, green[0].url, model.name, model.engine_args.get("api_key")
+        ):
             return
         failed = await asyncio.to_thread(failed_deployments, config, {model.name: app})
         if failed:
@@ -143,12 +145,14 @@ async def _wait_serving(
     )
 
 
-def _answers(url: str, served_name: str) -> bool:
-    """One real completion (one token) passes on the replica at ``url``."""
+def _answers(url: str, served_name: str, api_key: str | None = None) -> bool:
+    """One real completion (one token) passes on the replica at ``url`` (with the model's
+    own vLLM ``api_key``, when it sets one)."""
     body = json.dumps({"model": served_name, "prompt": "ready?", "max_tokens": 1}).encode()
-    request = urllib.request.Request(
-        url + "/v1/completions", body, {"Content-Type": "application/json"}
-    )
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(url + "/v1/completions", body, headers)
     try:
         with urllib.request.urlopen(request, timeout=SMOKE_TIMEOUT_S) as response:
             return bool(response.status == 200)

@@ -45,7 +45,7 @@ from rayfleet.gateway.replicas import Replica, ReplicaSet
 from rayfleet.gateway.upstream import AiohttpUpstream, TimeLimits, Upstream
 
 ROUTE_HEADER = "x-rayfleet-route"
-_FORWARDED_REQUEST_HEADERS = ("authorization", "x-request-id")
+_FORWARDED_REQUEST_HEADERS = ("x-request-id",)
 _MAX_REPLICAS_TRIED = 2
 
 
@@ -75,10 +75,6 @@ class Dispatcher:
         self.providers = AiohttpUpstream()
         # Replica responses through relay.py (None: through aiohttp's client, as providers).
         self.relay = RelayPool() if relay else None
-        # A gateway key is for the gateway: do not hand it to the replicas.
-        self._forwarded_headers = tuple(
-            h for h in _FORWARDED_REQUEST_HEADERS if not (policies.keys and h == "authorization")
-        )
 
     async def start(self) -> None:
         await self.providers.start()
@@ -116,7 +112,7 @@ class Dispatcher:
         admission = journey.admission
         when = self.policies.fallback
         body = admission.fleet_body(journey.raw)
-        headers = self._upstream_headers(journey.request)
+        headers = self._upstream_headers(journey.request, model)
         limits = self._limits_for(admission, self.limits)
         info = RequestInfo(journey.path, model, admission.body, journey.request.headers)
         policy = self.replica_policies[model]
@@ -218,11 +214,17 @@ class Dispatcher:
             return self.relay
         return self.providers
 
-    def _upstream_headers(self, request: web.Request) -> dict[str, str]:
+    def _upstream_headers(self, request: web.Request, model: str) -> dict[str, str]:
+        """What a replica is sent: never the client's ``Authorization`` (a gateway key is
+        for the gateway, and without gateway keys a client's token is nobody's business
+        upstream), but the model's own vLLM ``api_key`` when its engine args set one."""
         headers = {"Content-Type": "application/json"}
-        for name in self._forwarded_headers:
+        for name in _FORWARDED_REQUEST_HEADERS:
             if name in request.headers:
                 headers[name] = request.headers[name]
+        replica_key = self.policies.replica_keys.get(model)
+        if replica_key is not None:
+            headers["Authorization"] = f"Bearer {replica_key}"
         headers[REQUEST_ID_HEADER] = request_id(request)  # the client's, or the one we made
         return headers
 

@@ -141,6 +141,9 @@ class Policies:
     max_consecutive_failures: int = 1
     cooldown_s: float = 5.0
     routing: dict[str, RoutingConfig] = field(default_factory=dict)  # least_load if absent
+    # A model's vLLM --api-key (its engine args), sent to its replicas in place of the
+    # client's Authorization, which is never forwarded.
+    replica_keys: dict[str, str] = field(default_factory=dict)
 
     # -- building ----------------------------------------------------------------------
 
@@ -188,6 +191,11 @@ class Policies:
             max_consecutive_failures=gw.replica_protection.max_consecutive_failures,
             cooldown_s=gw.replica_protection.cooldown_s,
             routing={m.name: m.routing for m in fleet.models},
+            replica_keys={
+                m.name: str(m.engine_args["api_key"])
+                for m in fleet.models
+                if m.engine_args.get("api_key")
+            },
         )
         if clock is not None:
             policies.clock = clock

@@ -154,3 +154,29 @@ def test_every_configured_hash_is_compared_whichever_matches(monkeypatch, sent):
     with contextlib.suppress(RequestError):  # a wrong key is a 401; the comparisons count
         table.authenticate(f"Bearer {sent}")
     assert len(calls) == 2  # both keys, whether the first, the second or neither matched
+
+
+def test_without_gateway_keys_a_client_token_is_not_forwarded_but_a_model_key_is():
+    """No gateway keys: the client's Authorization still stops at the gateway. A model
+    whose vLLM servers take ``--api-key`` (its engine args) gets that key, and only it."""
+    fleet = parse_fleet(
+        {
+            "models": [
+                {"name": "a", "source": "/models/none", "engine_args": {"api-key": "sk-a-own"}},
+                {"name": "b", "source": "/models/none"},
+            ]
+        }
+    )
+
+    async def main():
+        async with serving(("a", "b"), Policies.from_fleet(fleet)) as served:
+            async with aiohttp.ClientSession(served.url) as client:
+                for model in ("a", "b"):
+                    status, _ = await ask(client, model, ALPHA)
+                    assert status == 200
+            return served.upstream.requests
+
+    (_, to_a, _), (_, to_b, _) = asyncio.run(main())
+    assert to_a["Authorization"] == "Bearer sk-a-own"
+    assert "authorization" not in {h.lower() for h in to_b}
+    assert ALPHA not in repr(to_a) + repr(to_b)
