@@ -197,13 +197,14 @@ class Sampler:
 
 def gateway_counters(url: str) -> dict[str, dict[str, float]]:
     """From the gateway's /metrics: answers by HTTP status and by replica, errors by reason,
-    requests in flight (each summed over the other labels)."""
+    requests in flight (each summed over the other labels), and the loop's tasks."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
         text = response.read().decode()
     wanted = {
         "rayfleet_requests": "status",
         "rayfleet_request_errors": "reason",
         "rayfleet_inflight_requests": "",
+        "rayfleet_gateway_asyncio_tasks": "",
     }
     out: dict[str, dict[str, float]] = {name: {} for name in (*wanted, "answers_by_replica")}
     for family in text_string_to_metric_families(text):

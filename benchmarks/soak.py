@@ -20,11 +20,9 @@ reported beside the client's (answers by status, errors by reason).
 Every ``--sample-s`` (60) the fleet process, where the gateway runs, is read with psutil
 (pid from its run-state file): RSS, open file descriptors, threads, TCP connections from
 clients, to replicas and others (Ray's), and the gateway's requests in flight from its
-/metrics. After ``--warmup-minutes`` each reading's slope is fitted (least squares, per
-minute). Asyncio tasks are not sampled: the gateway publishes no count of them and none
-can be read from outside its process (py-spy reads thread stacks, not an event loop's
-tasks); a leaked request task would hold its client socket or its replica connection, and
-show in the descriptors, connections and in-flight count sampled here. Before the load
+/metrics, and the tasks alive on its event loop (``rayfleet_gateway_asyncio_tasks``, read
+at each scrape: one per open client connection and per request being answered). After
+``--warmup-minutes`` each reading's slope is fitted (least squares, per minute). Before the load
 and after it (once the gateway reports nothing in flight) the process is read idle too.
 """
 
@@ -182,8 +180,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         probe = ProcessProbe(fleet_pid(fleet), fleet.port, ports)
 
         def read() -> dict[str, float]:
-            inflight = gateway_counters(fleet.url)["rayfleet_inflight_requests"]
-            return {**probe.sample(), "gateway_inflight": inflight.get("all", 0.0)}
+            counters = gateway_counters(fleet.url)
+            return {
+                **probe.sample(),
+                "gateway_inflight": counters["rayfleet_inflight_requests"].get("all", 0.0),
+                "asyncio_tasks": counters["rayfleet_gateway_asyncio_tasks"].get("all", 0.0),
+            }
 
         soak = Soak(Target(fleet.url, CHAT_ENDPOINT, MODEL, True), prompts, args.users, args.seed)
         idle_before, counters_before = read(), gateway_counters(fleet.url)
@@ -224,7 +226,7 @@ def add_slopes(run: dict[str, Any]) -> None:
     after_s = 60 * run["warmup_minutes"]
     run["slopes_per_minute"] = {
         key: slope_per_minute(run["samples"], key, after_s)
-        for key in (*READINGS, "gateway_inflight")
+        for key in (*READINGS, "gateway_inflight", "asyncio_tasks")
     }
     outcomes = [o for kinds in run["outcomes"].values() for o in kinds.items()]
     run["num_requests"] = sum(n for _, n in outcomes)
@@ -241,7 +243,7 @@ def report(run: dict[str, Any]) -> None:
     )
     columns = ["reading", "idle before", "idle after", "min", "max", "slope per minute"]
     rows = []
-    for key in (*READINGS, "gateway_inflight"):
+    for key in (*READINGS, "gateway_inflight", "asyncio_tasks"):
         values = [s[key] for s in run["samples"]]
         rows.append(
             [
@@ -266,8 +268,8 @@ def plot(run: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = ("rss_mb", "num_fds", "tcp_clients", "tcp_upstream")
-    fig, axes = plt.subplots(1, len(keys), figsize=(14, 3))
+    keys = ("rss_mb", "num_fds", "tcp_clients", "tcp_upstream", "asyncio_tasks")
+    fig, axes = plt.subplots(1, len(keys), figsize=(17, 3))
     minutes = [s["t_s"] / 60 for s in run["samples"]]
     for ax, key in zip(axes, keys, strict=True):
         ax.plot(minutes, [s[key] for s in run["samples"]], marker="o")

@@ -43,7 +43,12 @@ from aiohttp import web
 from rayfleet.gateway import access_log
 from rayfleet.gateway.dispatch import Dispatcher
 from rayfleet.gateway.errors import GATEWAY_REPLICA, REPLICA_HEADER, RequestError
-from rayfleet.gateway.http_errors import GatewayRunner, json_http_errors, read_body
+from rayfleet.gateway.http_errors import (
+    IDLE_TIMEOUT_S,
+    GatewayRunner,
+    json_http_errors,
+    read_body,
+)
 from rayfleet.gateway.metrics import GatewayMetrics
 from rayfleet.gateway.openapi import OPENAPI_PATH, openapi_document
 from rayfleet.gateway.policies import Policies
@@ -80,6 +85,7 @@ class Gateway:
         extra_routes: list[Route] | None = None,
         replica_metrics_period_s: float | None = PERIOD_S,
         body_timeout_s: float = 60.0,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
     ):
         self.policies = policies if policies is not None else Policies.plain(models)
         self.replica_set = ReplicaSet(
@@ -113,6 +119,7 @@ class Gateway:
         self.status_extra = status_extra
         self.poll_interval_s = poll_interval_s
         self.body_timeout_s = body_timeout_s  # a body trickled slower is a 408
+        self.idle_timeout_s = idle_timeout_s  # no whole request head by then: closed
         self.max_body_bytes = self.policies.default_limits.max_body_bytes or (
             _DEFAULT_MAX_BODY_BYTES
         )
@@ -261,6 +268,7 @@ class Gateway:
         refused = self._keyed(request, self.policies.open_metrics)
         if refused is not None:
             return refused
+        self.metrics.asyncio_tasks.set(len(asyncio.all_tasks()))
         return web.Response(
             body=self.metrics.render(),
             headers={"Content-Type": "text/plain; version=0.0.4", REPLICA_HEADER: GATEWAY_REPLICA},
@@ -342,7 +350,12 @@ async def start_gateway(
     gateway: Gateway, host: str, port: int, sock: socket.socket | None = None
 ) -> web.AppRunner:
     """Serve ``gateway`` on ``sock`` (from ``listen``), or on host:port."""
-    runner = GatewayRunner(gateway.build_app(), handler_cancellation=True, access_log=None)
+    runner = GatewayRunner(
+        gateway.build_app(),
+        handler_cancellation=True,
+        access_log=None,
+        keepalive_timeout=gateway.idle_timeout_s,
+    )
     await runner.setup()
     try:
         site = web.SockSite(runner, sock or listen(host, port), backlog=1024)

@@ -12,7 +12,12 @@ Three places produce errors before or around the gateway's handlers:
   logs one line without a traceback for a client's fault, and closes the connection
   (as aiohttp does);
 - a body that does not arrive: ``read_body`` gives it ``timeout_s`` in all, then
-  answers 408 and closes the connection.
+  answers 408 and closes the connection;
+- headers that do not arrive (a client trickling them, or an idle keep-alive
+  connection): aiohttp's keep-alive timer, which runs from the connection's start and
+  from each answer and is not pushed back by incoming bytes, closes a connection that
+  has no whole request within ``IDLE_TIMEOUT_S``. aiohttp's own default is 3,630 s
+  (meant for a server behind a reverse proxy); the gateway is the front door.
 
 A request line and a header have different limits on purpose: the parser reports both
 as ``LineTooLong`` with the limit it hit, and the limit tells a 414 from a 431.
@@ -39,6 +44,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_REQUEST_LINE_BYTES = 8 * 1024
 MAX_HEADER_BYTES = 16 * 1024  # one header's name or value (large bearer tokens fit)
 MAX_HEADERS = 128
+IDLE_TIMEOUT_S = 30.0  # no whole request 30 s after connecting or after the last answer
 HTTP_LIMITS: dict[str, Any] = {
     "max_line_size": MAX_REQUEST_LINE_BYTES,
     "max_field_size": MAX_HEADER_BYTES,

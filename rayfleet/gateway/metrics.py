@@ -157,6 +157,13 @@ class GatewayMetrics:
             ["model", "replica"],
             registry=self.registry,
         )
+        self.asyncio_tasks = Gauge(
+            "rayfleet_gateway_asyncio_tasks",
+            "Tasks alive on the gateway's event loop when scraped: one per open client "
+            "connection, one per request being answered, and a few of the gateway's own. "
+            "Flat under steady load, or a leak.",
+            registry=self.registry,
+        )
         self.before_render: list[Callable[[], None]] = []
 
     def render(self) -> bytes:

@@ -2,6 +2,9 @@
 
 - a body trickled a byte at a time: a 408 in error JSON once ``body_timeout_s`` has
   passed, the connection ends, and every task the request made is gone;
+- headers trickled a byte at a time (slowloris), on a new connection and on a kept-alive
+  one after an answer: the connection is closed ``idle_timeout_s`` after it opened or
+  after that answer, however steadily the bytes come, and nothing reaches the replica;
 - a streaming client that stops reading: the relay stops reading its replica, so what
   the replica could write stays bounded (socket buffers and the relay's high-water
   marks), far below what it has to send;
@@ -15,8 +18,11 @@ import asyncio
 import json
 import time
 
+import pytest
+
 from tests.unit.hostile import (
     assert_openai_error,
+    exchange,
     post,
     read_answer,
     serving,
@@ -47,6 +53,37 @@ def test_a_body_trickled_a_byte_at_a_time_is_408_and_leaks_no_task():
     answer, elapsed, reached = asyncio.run(main())
     assert assert_openai_error(answer, 408)["code"] == "body_timeout"
     assert answer.closed and 0.5 <= elapsed < 5 and reached == []
+
+
+@pytest.mark.parametrize("after_an_answer", [False, True])
+def test_headers_trickled_a_byte_at_a_time_are_cut_off_at_the_idle_timeout(after_an_answer):
+    idle_s = 1.0
+
+    async def main():
+        async with serving(idle_timeout_s=idle_s) as served:
+            await still_serving(served)
+            baseline = len(asyncio.all_tasks())
+            reader, writer = await asyncio.open_connection(served.host, served.port)
+            if after_an_answer:
+                writer.write(b"GET /health HTTP/1.1\r\nHost: g\r\n\r\n")
+                assert (await read_answer(reader)).status == 200
+            head = b"POST /v1/completions HTTP/1.1\r\nHost: g\r\nX-Pad: " + b"a" * 10_000
+            eof = asyncio.create_task(reader.read())  # b"" once the gateway closes
+            started = time.monotonic()
+            for byte in (head[i : i + 1] for i in range(len(head))):  # one a 0.05 s
+                if eof.done() or time.monotonic() - started > idle_s + 5:
+                    break
+                writer.write(byte)
+                await asyncio.wait([eof], timeout=0.05)
+            elapsed = time.monotonic() - started
+            writer.close()
+            await until(lambda: len(asyncio.all_tasks()) <= baseline)
+            await still_serving(served)
+            return eof.done() and eof.result(), elapsed, served.upstream.requests[1:-1]
+
+    closed_with, elapsed, reached = asyncio.run(main())
+    assert closed_with == b""  # closed, no answer and no request made of it
+    assert idle_s - 0.5 <= elapsed < idle_s + 5 and reached == []
 
 
 def test_a_stream_nobody_reads_holds_a_bounded_number_of_bytes():
@@ -103,3 +140,50 @@ def test_a_thousand_idle_keep_alive_connections_while_another_client_is_served()
     answers, latency_s, num_open = asyncio.run(main())
     assert all(a.status == 200 and not a.closed for a in answers)
     assert num_open >= 1000 and latency_s < 2.0
+
+
+def test_the_task_gauge_rises_with_streams_and_stays_flat_across_rounds():
+    """``rayfleet_gateway_asyncio_tasks`` (what the soak benchmark samples) rises with
+    streams held open, and a second round of the same streams leaves it where the first
+    left it. (In this test one loop also runs the recording upstream, whose server keeps
+    a task for each connection the gateway's pool keeps open.)"""
+
+    async def tasks_gauge(served) -> float:
+        answer = await exchange(served, b"GET /metrics HTTP/1.1\r\nHost: g\r\n\r\n")
+        text = answer.body.decode()
+        line = next(x for x in text.splitlines() if x.startswith("rayfleet_gateway_asyncio"))
+        return float(line.split()[-1])
+
+    async def settled(served, floor: float) -> float:
+        deadline = time.monotonic() + 10
+        while (now := await tasks_gauge(served)) > floor and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return now
+
+    async def round_of_streams(served) -> float:
+        body = json.dumps({"model": "m", "prompt": "p", "stream": True}).encode()
+        streams = [await asyncio.open_connection(served.host, served.port) for _ in range(10)]
+        num_before = len(served.upstream.requests)
+        for _, writer in streams:
+            writer.write(post("/v1/completions", body))
+        await until(lambda: len(served.upstream.requests) >= num_before + 10)
+        during = await tasks_gauge(served)
+        for reader, writer in streams:
+            await reader.readuntil(b"[DONE]")
+            writer.close()
+        return during
+
+    async def main():
+        async with serving() as served:
+            served.upstream.gap_s = 0.5  # each stream takes a while
+            await still_serving(served)
+            before = await tasks_gauge(served)
+            during = await round_of_streams(served)
+            after_one = await settled(served, before + 10)
+            await round_of_streams(served)
+            after_two = await settled(served, after_one)
+            return before, during, after_one, after_two
+
+    before, during, after_one, after_two = asyncio.run(main())
+    assert during >= before + 20  # each stream: its client connection and its request
+    assert after_one <= before + 10 and after_two == after_one
