@@ -76,7 +76,8 @@ def start_fleet(config: dict[str, Any], attempts: int = 3) -> Fleet:
     "address already in use"); then the fleet has stopped, and it is tried on another."""
     for attempt in range(attempts):
         home = Path(tempfile.mkdtemp(prefix="rayfleet-load-"))
-        fleet = Fleet(home, {**config, "gateway": {"port": free_port()}})
+        gateway = {**config.get("gateway", {}), "port": free_port()}
+        fleet = Fleet(home, {**config, "gateway": gateway})
         started = time.perf_counter()
         try:
             fleet.cli("up", "-c", str(fleet.config_path), "--detach")
