@@ -10,6 +10,8 @@ Data flow (app.py has admitted the request; policies.py decided where it may go)
                                            round-robin (replica_policy.py, least_load.py)
             no replica of an elastic model  -> held until one serves (hold_s), unless
                                            a provider takes it (scale from zero)
+            none, and no provider allowed  -> a replica cooling down after a failure
+                                           (ReplicaSet.cooling), rather than a 503
             first pick over the queue depth          -> fallback provider
             Attempts.run(replica)          the relay (relay_pool.py) for http:// replicas,
                                            aiohttp's client otherwise (upstream.py)
@@ -124,6 +126,12 @@ class Dispatcher:
                 held = True  # once per request: the hold is its whole wait
                 if await self._held(journey, model):
                     continue
+            if replica is None and not self._fallback_allowed(journey, tried):
+                # Every replica left is cooling down and no provider would take the request:
+                # one that failed a moment ago is a better bet than a certain error. (Seen
+                # here: one connect timeout to a busy single replica turned every request
+                # of its 5 s cool-down into a 503.)
+                replica = policy.pick(info, self.replica_set.cooling(model, tried))
             if replica is None:
                 break
             if (
@@ -162,9 +170,7 @@ class Dispatcher:
 
     async def _unserved(self, journey: Journey, model: str, tried: list[str]) -> web.StreamResponse:
         """No replica answered: the fallback provider when allowed, else an error."""
-        when = self.policies.fallback
-        allowed = when.on_failure if tried else when.on_no_replica
-        fallback = self.policies.fallback_for(journey.admission) if allowed else None
+        fallback = self._fallback_for(journey, tried)
         if fallback is not None:
             reason = "failure" if tried else "no_replica"
             return await self._to_provider(journey, *fallback, reason)
@@ -185,6 +191,16 @@ class Dispatcher:
                 reason="no_replica",
             )
         return self.attempts.refuse(error, model)
+
+    def _fallback_for(self, journey: Journey, tried: list[str]) -> tuple[Provider, str] | None:
+        """The provider that takes a request the fleet did not serve (after ``tried``
+        failed, or with no replica at all), when the fallback rules allow one."""
+        when = self.policies.fallback
+        allowed = when.on_failure if tried else when.on_no_replica
+        return self.policies.fallback_for(journey.admission) if allowed else None
+
+    def _fallback_allowed(self, journey: Journey, tried: list[str]) -> bool:
+        return self._fallback_for(journey, tried) is not None
 
     async def _to_provider(
         self, journey: Journey, provider: Provider, provider_model: str, reason: str

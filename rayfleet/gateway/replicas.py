@@ -157,6 +157,16 @@ class ReplicaSet:
             if r.healthy(now) and not r.draining and r.replica_id not in exclude
         ]
 
+    def cooling(self, model: str, exclude: Collection[str] = ()) -> list[Replica]:
+        """The replicas of ``model`` out of rotation after failing (cooling down), not
+        draining and not in ``exclude``: a last resort when no other can serve."""
+        now = time.monotonic()
+        return [
+            r
+            for r in self._by_model.get(model, ())
+            if not r.healthy(now) and not r.draining and r.replica_id not in exclude
+        ]
+
     @staticmethod
     def begin(replica: Replica) -> None:
         replica.num_inflight += 1

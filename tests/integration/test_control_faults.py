@@ -60,6 +60,8 @@ pytestmark = pytest.mark.integration
 MAX_MODEL_LEN = 2048
 NUM_AHEAD = 12  # requests queued ahead of the one that leaves, about 1.5 s each here
 NUM_TOKENS_AHEAD = MAX_MODEL_LEN - 64
+ENGINE_LOAD = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+GENERATED = "vllm:generation_tokens_total"
 ABORT_DEADLINE_S = 1.0  # from the client's disconnect to vLLM's gauge dropping
 RESTART_TIMEOUT_S = 120
 GONE_TIMEOUT_S = 10
@@ -247,36 +249,34 @@ def test_a_client_that_leaves_mid_stream_is_dropped_by_vllm_within_a_second(flee
     assert replica is not None
     url = replica["url"]
     running = lambda: engine_gauge(url, "vllm:num_requests_running")  # noqa: E731
-    waiting = lambda: engine_gauge(url, "vllm:num_requests_waiting")  # noqa: E731
-    assert wait_until(lambda: running() == 0 and waiting() == 0, 60), "the engine is busy"
+    idle = lambda: engine_gauges(url, *ENGINE_LOAD) == [0.0, 0.0]  # noqa: E731
+    assert wait_until(idle, 60), "the engine is busy"
+    generated_before = engine_gauge(url, GENERATED)
 
-    stream = open_stream(fleet, MAX_MODEL_LEN - 64)
+    stream = open_stream(fleet, NUM_TOKENS_AHEAD)
     try:
-        if not wait_until(lambda: running() == 1, 30):
-            stream.settimeout(1)
-            with contextlib.suppress(OSError):
-                raise AssertionError(f"the request never ran: {stream.recv(2000)!r}")
-            raise AssertionError("the request never ran, and the gateway answered nothing")
+        # Its first token is on the wire: it runs. (Polling vLLM's gauge for it instead
+        # missed whole 1.5 s requests here: /metrics answers slowly while the engine runs.)
+        stream.settimeout(60)
+        first = stream.recv(4096)
+        assert b" 200 " in first.split(b"\r\n", 1)[0], first[:300]
         stream.close()
         took = seconds_until(lambda: running() == 0, ABORT_DEADLINE_S)
         print(f"vLLM dropped the request {took} s after the disconnect")
         assert took is not None, f"vLLM still had the request {ABORT_DEADLINE_S} s after"
     finally:
         stream.close()
-    assert wait_until(lambda: running() == 0 and waiting() == 0, 30)
+    assert wait_until(idle, 30)
+    # Cut short, not finished: fewer tokens than asked for (ignore_eos) were generated.
+    assert engine_gauge(url, GENERATED) - generated_before < NUM_TOKENS_AHEAD
 
 
 def test_a_client_that_leaves_while_queued_is_dropped_before_it_runs(fleet):
     (replica,) = wait_until(lambda: serving_replicas(fleet), RESTART_TIMEOUT_S) or [None]
     assert replica is not None
     url = replica["url"]
-    names = (
-        "vllm:num_requests_running",
-        "vllm:num_requests_waiting",
-        "vllm:request_success_total",
-        "vllm:generation_tokens_total",
-    )
-    idle = lambda: engine_gauges(url, *names[:2]) == [0.0, 0.0]  # noqa: E731
+    names = (*ENGINE_LOAD, "vllm:request_success_total", GENERATED)
+    idle = lambda: engine_gauges(url, *ENGINE_LOAD) == [0.0, 0.0]  # noqa: E731
     assert wait_until(idle, 60), "the engine is busy"
     _, _, done_before, generated_before = engine_gauges(url, *names)
 

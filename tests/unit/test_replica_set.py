@@ -1,8 +1,12 @@
 """Replica membership and health (ReplicaSet), and the first replica policy (LeastLoad)."""
 
+import asyncio
+import json
+
 from rayfleet.gateway.least_load import LeastLoad
 from rayfleet.gateway.replica_policy import RequestInfo
 from rayfleet.gateway.replicas import ReplicaSet
+from tests.unit.hostile import exchange, post, serving, still_serving
 
 INFO = RequestInfo("/v1/completions", "m", {"model": "m", "prompt": "hi"}, {})
 
@@ -47,6 +51,36 @@ def test_exclude_and_cooldown():
     assert pick(rs, policy, exclude=["b"]) is None
     rs.succeeded(a)
     assert a.num_consecutive_failures == 0
+
+
+def test_cooling_lists_the_replicas_out_of_rotation_but_not_draining_nor_excluded():
+    rs = ReplicaSet(["m"], cooldown_s=60)
+    rs.update(entries("a", "b", "c"))
+    a, b, c = rs.replicas("m")
+    assert rs.cooling("m") == []
+    rs.failed(a), rs.failed(b)
+    b.draining = True
+    assert rs.cooling("m") == [a] and rs.cooling("m", exclude=["a"]) == []
+    assert rs.candidates("m") == [c]
+
+
+def test_a_lone_replica_cooling_down_still_serves_when_no_provider_would():
+    """One failure (a connect timeout to a busy replica, say) must not turn the cool-down
+    of a model's only replica into refusals: with no provider to go to, the request goes
+    to the cooling replica."""
+
+    async def main():
+        async with serving(cooldown_s=60.0) as served:
+            await still_serving(served)
+            replica_set = served.gateway.replica_set
+            (replica,) = replica_set.replicas("m")
+            replica_set.failed(replica)
+            assert replica_set.candidates("m") == [] and replica_set.cooling("m") == [replica]
+            body = json.dumps({"model": "m", "prompt": "while cooling"}).encode()
+            return await exchange(served, post("/v1/completions", body))
+
+    answer = asyncio.run(main())
+    assert answer.status == 200 and answer.json()["object"] == "answer"
 
 
 def test_a_draining_replica_is_never_picked_and_follows_its_registry_state():
