@@ -39,10 +39,12 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import psutil
 from fleet_load import (
     CHAT_ENDPOINT,
     ENGINE_ARGS,
     MODEL,
+    fleet_pid,
     mixed_chat_prompts,
     print_table,
     start_fleet,
@@ -117,10 +119,23 @@ async def flood(
     return answers
 
 
+def cpu_s(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
 async def phase(
-    steady: Target, flood_target: Target | None, prompts: list[Prompt], args: argparse.Namespace
+    steady: Target,
+    flood_target: Target | None,
+    prompts: list[Prompt],
+    args: argparse.Namespace,
+    gateway: psutil.Process,
 ) -> dict[str, Any]:
-    until = time.perf_counter() + args.phase_s
+    """One phase; CPU shares are of one core, over the phase: the fleet process (the
+    gateway, beside Ray's driver) and this client process."""
+    client = psutil.Process()
+    started, gateway_before, client_before = time.perf_counter(), cpu_s(gateway), cpu_s(client)
+    until = started + args.phase_s
     async with open_session(None) as session:
         users = asyncio.gather(
             *(steady_user(session, steady, prompts, until) for _ in range(args.steady_users))
@@ -132,7 +147,10 @@ async def phase(
             per_user, answers = await users, Counter()
     records = [r for user in per_user for r in user]
     ttfts = [t for t, error in records if not error]
+    elapsed = time.perf_counter() - started
     return {
+        "gateway_cpu_share": (cpu_s(gateway) - gateway_before) / elapsed,
+        "client_cpu_share": (cpu_s(client) - client_before) / elapsed,
         "num_requests": len(records),
         "errors": dict(Counter(e for _, e in records if e)),
         "ttft_p50_ms": 1e3 * statistics.median(ttfts),
@@ -153,15 +171,16 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             return Target(fleet.url, CHAT_ENDPOINT, MODEL, True, headers=headers)
 
         steady, flooding = target(steady_key), target(flood_key)
+        gateway = psutil.Process(fleet_pid(fleet))
         warm_up = argparse.Namespace(**{**vars(args), "phase_s": 5.0})
-        asyncio.run(phase(steady, None, prompts, warm_up))
+        asyncio.run(phase(steady, None, prompts, warm_up, gateway))
         rounds = []
         for number in range(1, args.rounds + 1):
             order = ("quiet", "flood") if number % 2 else ("flood", "quiet")
             result: dict[str, Any] = {"round": number}
             for name in order:
                 result[name] = asyncio.run(
-                    phase(steady, flooding if name == "flood" else None, prompts, args)
+                    phase(steady, flooding if name == "flood" else None, prompts, args, gateway)
                 )
                 print(f"round {number} {name}: {result[name]}", flush=True)
             result["ratio_p50"] = result["flood"]["ttft_p50_ms"] / result["quiet"]["ttft_p50_ms"]
@@ -184,11 +203,22 @@ def report(rounds: list[dict[str, Any]]) -> None:
                 f"{r['ratio_p50']:.2f} / {r['ratio_p99']:.2f}",
                 f"{sum(q['errors'].values())} / {sum(f['errors'].values())}",
                 " ".join(f"{k}:{v}" for k, v in sorted(f["flood_answers"].items())),
+                f"{q['gateway_cpu_share']:.0%} / {f['gateway_cpu_share']:.0%}",
+                f"{q['client_cpu_share']:.0%} / {f['client_cpu_share']:.0%}",
             ]
         )
     print_table(
         "steady key's TTFT (ms, p50 / p99), quiet and beside the flood key",
-        ["round", "quiet", "flood", "flood/quiet", "steady errors", "flood key's answers"],
+        [
+            "round",
+            "quiet",
+            "flood",
+            "flood/quiet",
+            "steady errors",
+            "flood key's answers",
+            "gateway CPU",
+            "client CPU",
+        ],
         rows,
     )
     worst = max(r["ratio_p50"] for r in rounds)

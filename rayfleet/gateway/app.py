@@ -304,6 +304,8 @@ class Gateway:
         policies = self.policies
         try:
             key = policies.authenticate(request.headers)
+            if key is not None:
+                key.quota.refuse_early(time.monotonic())
             self._check_declared_size(request)
             raw = await read_body(request, self.body_timeout_s)
             parsed = parse_request(path, raw)

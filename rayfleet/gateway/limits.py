@@ -179,15 +179,19 @@ class KeyQuota:
     def counts_tokens(self) -> bool:
         return self.tokens is not None
 
+    def refuse_early(self, now: float) -> None:
+        """Raise the 429 that ``admit`` would, when it needs no look at the body: the
+        key's concurrency is full or its request rate spent. Takes nothing. A flooding
+        key is refused before its body is read or parsed."""
+        self._check_concurrency()
+        if self.requests is not None:
+            wait = self.requests.wait_s(1, now)
+            if wait > 0:
+                raise self._over("requests per minute", wait, self.requests.capacity)
+
     def admit(self, num_tokens: int, now: float) -> None:
         """Count one request in, or raise a 429 with the seconds to wait."""
-        if self.max_concurrent is not None and self.num_inflight >= self.max_concurrent:
-            raise _rate_limited(
-                f"API key '{self.name}' already has {self.num_inflight} requests in flight "
-                f"(limit {self.max_concurrent}).",
-                1.0,
-                "concurrency",
-            )
+        self._check_concurrency()
         waits = []
         if self.requests is not None:
             waits.append(
@@ -206,16 +210,28 @@ class KeyQuota:
                     "tokens",
                 )
             if wait > 0:
-                raise _rate_limited(
-                    f"API key '{self.name}' is over its limit of {cap:.0f} {what}.",
-                    wait,
-                    what.split()[0],
-                )
+                raise self._over(what, wait, cap)
         if self.requests is not None:
             self.requests.take(1, now)
         if self.tokens is not None:
             self.tokens.take(num_tokens, now)
         self.num_inflight += 1
+
+    def _check_concurrency(self) -> None:
+        if self.max_concurrent is not None and self.num_inflight >= self.max_concurrent:
+            raise _rate_limited(
+                f"API key '{self.name}' already has {self.num_inflight} requests in flight "
+                f"(limit {self.max_concurrent}).",
+                1.0,
+                "concurrency",
+            )
+
+    def _over(self, what: str, wait_s: float, cap: float) -> RequestError:
+        return _rate_limited(
+            f"API key '{self.name}' is over its limit of {cap:.0f} {what}.",
+            wait_s,
+            what.split()[0],
+        )
 
     def release(self) -> None:
         self.num_inflight -= 1

@@ -113,6 +113,23 @@ def test_key_quota_rate_tokens_and_concurrency():
         quota.admit(101, now=60.0)
 
 
+def test_key_quota_refuses_early_what_needs_no_body_and_takes_nothing():
+    quota = KeyQuota("a", requests_per_minute=2, tokens_per_minute=100, max_concurrent=1)
+    quota.refuse_early(now=0.0)  # room: nothing raised, nothing taken
+    quota.admit(10, now=0.0)
+    with pytest.raises(RequestError) as err:
+        quota.refuse_early(now=0.0)
+    assert err.value.reason == "rate_limited_concurrency"
+    quota.release()
+    quota.admit(10, now=0.0)
+    quota.release()
+    with pytest.raises(RequestError) as err:  # both requests of the minute are spent
+        quota.refuse_early(now=0.0)
+    assert err.value.status == 429 and err.value.headers["Retry-After"] == "30"
+    quota.refuse_early(now=30.0)  # the tokens are left for admit, which sees the body
+    quota.admit(80, now=30.0)
+
+
 # -- keys --------------------------------------------------------------------------------
 
 

@@ -180,3 +180,32 @@ def test_without_gateway_keys_a_client_token_is_not_forwarded_but_a_model_key_is
     assert to_a["Authorization"] == "Bearer sk-a-own"
     assert "authorization" not in {h.lower() for h in to_b}
     assert ALPHA not in repr(to_a) + repr(to_b)
+
+
+def test_a_key_over_its_rate_is_refused_before_its_body_is_read():
+    """A flooding key costs the gateway no body parse: a broken body past the key's rate
+    is a 429 (with Retry-After), not the 400 that parsing it would give."""
+    fleet = parse_fleet(
+        {
+            "gateway": {
+                "api_keys": [
+                    {"name": "flood", "key_sha256": hash_key(ALPHA), "requests_per_minute": 1}
+                ]
+            },
+            "models": [{"name": "a", "source": "/models/none"}],
+        }
+    )
+
+    async def main():
+        policies = Policies.from_fleet(fleet)
+        async with (
+            serving(("a",), policies) as served,
+            aiohttp.ClientSession(served.url) as client,
+        ):
+            first, _ = await ask(client, "a", ALPHA)
+            broken = {"data": b"{not json", "headers": bearer(ALPHA)}
+            async with client.post("/v1/completions", **broken) as response:
+                return first, response.status, response.headers.get("Retry-After")
+
+    first, second, retry_after = asyncio.run(main())
+    assert first == 200 and second == 429 and retry_after is not None
