@@ -3,16 +3,19 @@
     .venv/bin/python benchmarks/gateway_capacity.py [--rates 200,400,800] [--duration-s 10]
     python benchmarks/gateway_capacity.py --rates 1000,2000,3000,4000,5000   # 16 cores
 
-The replicas are ``rayfleet sim`` with every step cost 0 (so the simulator is not the
-limit), all in one process; the gateway (least_load, the default policy) runs in a process
-of its own (sim_gateway.py); the load client is ``rayfleet bench``'s runner with
-``--client-processes`` processes, sending Poisson arrivals of streamed completions of 16
-tokens. On a machine of more than 2 cores each gets cores of its own: the gateway core 0,
-the simulator core 1, the client the rest (``os.sched_setaffinity``); on 2 cores they
-share, and the numbers are indicative only.
+The replicas are ``rayfleet sim`` with every step cost 0, spread over ``--sim-processes``
+processes (one simulator process on one core carries about 2,000 req/s, measured on a
+16-core machine, so a gateway faster than that needs several); the gateway (least_load,
+the default policy) runs in a process of its own (sim_gateway.py); the load client is
+``rayfleet bench``'s runner with ``--client-processes`` processes, sending Poisson
+arrivals of streamed completions of 16 tokens. On a machine of more than 2 cores each gets
+cores of its own: the gateway core 0, the simulator processes one core each after it, the
+client the rest (``os.sched_setaffinity``); on 2 cores they share, and the numbers are
+indicative only.
 
-For each rate, the same load goes first straight to one simulated replica (the
-simulator's own TTFT: the same process and loop serve it) and then through the gateway.
+For each rate, a simulator process's share of it (rate / ``--sim-processes``) goes first
+straight to one simulated replica (the simulator's own TTFT at the load each of its
+processes carries through the gateway), and then the whole rate through the gateway.
 Printed per rate: achieved req/s, TTFT p50 and p99 direct and through the gateway, p99's
 difference (the goal: under 5 ms at 5,000 req/s per gateway core), and the gateway's
 CPU per request (user + system from psutil, over the run). The saturation rate is the
@@ -22,6 +25,7 @@ first at which the gateway achieves less than 95% of the offered rate.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -48,12 +52,13 @@ ZERO_COST = EngineSpec(
 )
 
 
-def placement() -> tuple[int | None, set[int] | None, set[int] | None]:
-    """(gateway core, simulator cores, client cores), or Nones on 2 cores or fewer."""
+def placement(num_sims: int) -> tuple[int | None, list[int] | None, set[int] | None]:
+    """(gateway core, a core per simulator process, client cores), or Nones when there are
+    not cores enough for each to have its own and the client two."""
     cores = sorted(os.sched_getaffinity(0))
-    if len(cores) <= 2:
+    if len(cores) < num_sims + 3:
         return None, None, None
-    return cores[0], {cores[1]}, set(cores[2:])
+    return cores[0], cores[1 : 1 + num_sims], set(cores[1 + num_sims :])
 
 
 def run(target: Target, rate: float, duration_s: float, processes: int, seed: int) -> RunOutput:
@@ -80,21 +85,26 @@ def cpu_s(pid: int) -> float:
 
 
 def measure(args: argparse.Namespace) -> list[dict]:
-    gateway_cpu, sim_cpus, client_cpus = placement()
+    gateway_cpu, sim_cpus, client_cpus = placement(args.sim_processes)
     rows = []
-    with SimFleetProcess(ZERO_COST, args.replicas) as fleet:
-        if sim_cpus is not None and fleet.proc is not None:
-            os.sched_setaffinity(fleet.proc.pid, sim_cpus)
+    per_process = [len(part) for part in np.array_split(range(args.replicas), args.sim_processes)]
+    with contextlib.ExitStack() as stack:
+        fleets = [stack.enter_context(SimFleetProcess(ZERO_COST, n)) for n in per_process]
+        for n, fleet in enumerate(fleets):
+            if sim_cpus is not None and fleet.proc is not None:
+                os.sched_setaffinity(fleet.proc.pid, {sim_cpus[n]})
         if client_cpus is not None:
             os.sched_setaffinity(0, client_cpus)  # the client's worker processes inherit it
-        with GatewayProcess(fleet.urls, MODEL, "least_load", cpu=gateway_cpu) as gateway:
-            direct_target = Target(fleet.urls[0], "/v1/completions", MODEL)
+        urls = [url for fleet in fleets for url in fleet.urls]
+        with GatewayProcess(urls, MODEL, "least_load", cpu=gateway_cpu) as gateway:
+            direct_target = Target(urls[0], "/v1/completions", MODEL)
             gateway_target = Target(gateway.url, "/v1/completions", MODEL)
             for target in (direct_target, gateway_target):  # connections made, code warm
                 run(target, 100, 2, args.client_processes, args.seed)
             for rate in args.rates:
+                share = rate / args.sim_processes
                 direct = summary(
-                    run(direct_target, rate, args.duration_s, args.client_processes, args.seed)
+                    run(direct_target, share, args.duration_s, args.client_processes, args.seed)
                 )
                 before = cpu_s(gateway.pid)
                 output = run(
@@ -141,6 +151,9 @@ def main() -> None:
     )
     parser.add_argument("--duration-s", type=float, default=10.0)
     parser.add_argument("--replicas", type=int, default=64)
+    parser.add_argument(
+        "--sim-processes", type=int, default=1, help="simulator processes, a core each"
+    )
     parser.add_argument("--client-processes", type=int, default=max(1, (os.cpu_count() or 1) - 2))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("results/gateway_capacity.json"))
