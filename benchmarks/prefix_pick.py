@@ -5,13 +5,16 @@
 
 The index is filled with ``--indexed-blocks`` blocks spread over ``--replicas`` replicas
 (distinct 8 KB conversations, a few of them sharing system prompts), each replica's LRU
-sized to hold its share so that every pick's learning evicts as in steady state. Then
-each timed pick places a chat request of ``--prompt-chars`` characters (a 2,048-token
-prompt is about 8 KB): a shared system prompt that some replicas hold and a fresh
-question, with random counts in flight. Timed is ``PrefixRouting.pick`` whole: the key
-text, the chained block hashes, matching, the choice and recording the blocks on the
-chosen replica. Prints p50 and p99 in microseconds for prefix and least load and their
-ratio, and the index's memory per block (tracemalloc while filling). Goal: p99 < 100 us.
+sized to hold its share so that every pick's learning evicts as in steady state (the fill
+stops there, or once the index stops growing: it evicts a 64-block segment at a time, so a
+full replica holds its share less half a segment on average). Then each timed pick
+places a chat request of ``--prompt-chars`` characters (a 2,048-token prompt is about
+8 KB): a shared system prompt that some replicas hold and a fresh question, with random
+counts in flight. Timed is ``PrefixRouting.pick`` whole: the key text, the chained block
+hashes (the system prompt's remembered), matching, the choice and recording the blocks on
+the chosen replica, evicting what no longer fits. Prints p50 and p99 in microseconds for
+prefix and least load and their ratio, and the index's memory per block (tracemalloc while
+filling). Goal: p99 < 100 us.
 """
 
 from __future__ import annotations
@@ -50,13 +53,17 @@ def chat(system: str, question: str) -> RequestInfo:
 
 
 def fill(policy: PrefixRouting, replicas: Sequence[Replica], systems: Sequence[str], args) -> None:
-    """Send distinct conversations until the index holds about ``indexed_blocks``."""
+    """Send distinct conversations until the index holds about ``indexed_blocks``, or until
+    it stops growing (every replica full, evicting as much as each pick records)."""
     rng = random.Random(1)
     half = args.prompt_chars // 2
-    while sum(policy.index.num_blocks().values()) < args.indexed_blocks:
+    most = num_since_most = 0
+    while most < args.indexed_blocks and num_since_most < 2 * len(replicas):
         replica = rng.choice(replicas)
         request = chat(rng.choice(systems), text_of(rng, half))
         policy.pick(request, [replica])
+        total = sum(policy.index.num_blocks().values())
+        most, num_since_most = (total, 0) if total > most else (most, num_since_most + 1)
 
 
 def percentiles_us(samples_ns: list[int]) -> tuple[float, float]:

@@ -1,11 +1,11 @@
 """Which prompt prefixes each replica holds: the routing key and a bounded index of it.
 
-    text = prompt_text(path, body)          # the prompt as the engine sees it, prefix-stable
-    hashes = block_hashes(text, 64)         # one chained hash per whole block of 64 chars
+    lead, rest = prompt_parts(path, body)   # the prompt as the engine sees it, prefix-stable
+    hashes = BlockHasher(64).hashes(lead, rest)  # one chained hash per whole block of 64 chars
     index = PrefixIndex(capacity_blocks=16384)
     tables = index.tables_of(replicas, now) # each replica's blocks; a restarted one empty
     held = held_prefix(tables[i], hashes)   # leading blocks of the prompt replica i holds
-    index.record(tables[i], hashes)         # learn on send
+    index.record(tables[i], hashes, held)   # learn on send
 
 The key. A chat's text is its tools (JSON, first, since a template puts them before the
 messages) and then each message's role and content in order, so turn k of a conversation
@@ -13,83 +13,166 @@ is a prefix of turn k+1; a completion's is its prompt. Only whole blocks are has
 caches whole KV blocks only; 64 characters is about one 16-token block at about 4
 characters per token), and block i's hash covers blocks 0..i (``hash((previous, block))``),
 so one lookup answers "does this replica hold the prompt up to block i". The hashes are
-Python's ``hash``, salted per process: the index lives in one gateway process.
+Python's ``hash``, salted per process: the index lives in one gateway process. The lead
+(tools and first message: a system prompt many requests share) is hashed once per
+``BlockHasher``'s memory of 64 leads: a hit costs one str hash of the lead instead of a
+tuple hash per block: 8 us instead of 15 for the benchmark's 8 KB prompt with a 4 KB system
+prompt.
 
-The index is an LRU of block hashes per replica, at most ``capacity_blocks`` each. A
-prompt is recorded last block first, so its first blocks are the most recent and are
-evicted last (as vLLM frees the tail of a sequence before its head). Since block i of a
-chain is touched after block j > i every time, it is always the more recent: a replica's
-blocks of any prompt form a prefix, and ``held_prefix`` finds its length by binary search
+The index. Each replica's table maps a block's hash to its segment: up to 64 consecutive
+blocks of one prompt, learnt together, aligned on multiples of 64 from the prompt's start.
+Segments are kept least recently used first. Recording a prompt adds segments for the blocks
+past its held prefix, last first, then makes the held blocks' segments the most recent, last
+first: one lookup per segment, walking back from the prefix's last block to the start of
+its segment. Past ``capacity_blocks`` the least recently used segment goes whole. Whenever a
+block is learnt or used, so is every block before it, in a segment at least as recent: a
+replica's blocks of any prompt form a prefix, a prompt's tail goes before its head (as vLLM
+frees the tail of a sequence first), and ``held_prefix`` finds the prefix by binary search
 (one lookup for a replica without the first block, about log2(blocks) for one with it).
-A first version kept a table of hash -> bit mask of holders to match every replica in one
-pass; its extra dictionary, 100k entries at the benchmark's size, doubled the cache misses
-of recording and cost 50 us of a 120 us pick on the 2-core development machine.
 
-Memory: about 112 bytes per indexed block on CPython 3.11 (a dict entry, its share of
-the table, the hash's int; measured by benchmarks/prefix_pick.py), plus up to 1/16 over
-capacity between evictions: the default 16,384 blocks are about 2 MB per replica, 125 MB
-for 64 replicas at most.
+Measured by benchmarks/prefix_pick.py on the 2-core development machine (8 KB prompts, 64
+replicas, 100k blocks), as the design stands against the one before it, an LRU dict per
+replica in which recording moved each of the prompt's 128 blocks to the end (a delete and an
+insert) and eviction deleted 1/16 of the capacity at once: recording cost 26 us of a 60 us
+pick at p50 and 40 us when it evicted, with the tables out of cache; stamping all 128 blocks
+in place and evicting generations of 64 with a check of each still cost 15 us. Segments
+touch the 64 new blocks once to add and once to evict, and the held ones one lookup per
+segment: 10 us. Before that, a table of hash -> bit mask of holders matched every replica in
+one pass; its extra dictionary doubled the cache misses of recording and cost 50 us of a
+120 us pick.
+
+Memory: about 115 bytes per indexed block on CPython 3.11 (a dict entry, its share of the
+table, the hash's int, its place in a segment; measured by benchmarks/prefix_pick.py), and
+never more than ``capacity_blocks`` blocks: the default 16,384 blocks are about 2 MB per
+replica, 125 MB for 64 replicas at most.
 """
 
 from __future__ import annotations
 
-import itertools
+import functools
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 from rayfleet.gateway.replicas import Replica
 
 _FORGET_UNSEEN_S = 60.0  # a replica absent from every candidate list this long is gone
 _SWEEP_EVERY_S = 1.0
+_NUM_LEADS = 64  # leads whose block hashes are kept
+_MIN_LEAD_BLOCKS = 4  # a shorter lead is hashed again
+_MAX_LEAD_CHARS = 32_768  # a longer one too: at most 2 MB of ASCII leads kept
+_SEGMENT_BLOCKS = 64  # at most, blocks learnt, used and evicted together
 
 
 def prompt_text(path: str, body: Mapping[str, Any]) -> str:
     """The routing key of a request: its prompt as text, stable as a conversation grows."""
+    lead, rest = prompt_parts(path, body)
+    return lead + rest
+
+
+def prompt_parts(path: str, body: Mapping[str, Any]) -> tuple[str, str]:
+    """``prompt_text`` as (lead, rest), split where many requests share the text before:
+    a chat's tools and first message (its system prompt, say); a completion has no lead."""
     if path.endswith("/chat/completions"):
-        return _chat_text(body)
+        return _chat_parts(body)
     prompt = body.get("prompt", body.get("input", ""))
     if isinstance(prompt, str):
-        return prompt
+        return "", prompt
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        return "\x1e".join(prompt)
-    return json.dumps(prompt, separators=(",", ":"))
+        return "", "\x1e".join(prompt)
+    return "", json.dumps(prompt, separators=(",", ":"))
 
 
-def _chat_text(body: Mapping[str, Any]) -> str:
+def _chat_parts(body: Mapping[str, Any]) -> tuple[str, str]:
     parts: list[str] = []
     tools = body.get("tools")
     if tools:
         parts.append(json.dumps(tools, separators=(",", ":"), sort_keys=True))
-    for message in body.get("messages") or ():
-        if not isinstance(message, Mapping):
-            continue
-        parts.append(f"\x1e{message.get('role', '')}\x1f")
-        content = message.get("content")
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            for item in content:
-                text = item.get("text") if isinstance(item, Mapping) else None
-                parts.append(text if isinstance(text, str) else json.dumps(item, sort_keys=True))
-        calls = message.get("tool_calls")
-        if calls:
-            parts.append(json.dumps(calls, separators=(",", ":"), sort_keys=True))
-    return "".join(parts)
+    messages = [m for m in body.get("messages") or () if isinstance(m, Mapping)]
+    for message in messages[:1]:
+        _append_message(parts, message)
+    lead = "".join(parts)
+    parts.clear()
+    for message in messages[1:]:
+        _append_message(parts, message)
+    return lead, "".join(parts)
 
 
-def block_hashes(text: str, block_chars: int) -> list[int]:
-    """One hash per whole block of ``text``, each covering every block before it too."""
-    h = block_chars
-    ends = range(block_chars, len(text) + 1, block_chars)
-    return [h := hash((h, text[end - block_chars : end])) for end in ends]
+def _append_message(parts: list[str], message: Mapping[str, Any]) -> None:
+    parts.append(f"\x1e{message.get('role', '')}\x1f")
+    content = message.get("content")
+    if isinstance(content, str):
+        parts.append(content)
+    elif isinstance(content, list):
+        for item in content:
+            text = item.get("text") if isinstance(item, Mapping) else None
+            parts.append(text if isinstance(text, str) else json.dumps(item, sort_keys=True))
+    calls = message.get("tool_calls")
+    if calls:
+        parts.append(json.dumps(calls, separators=(",", ":"), sort_keys=True))
 
 
-Blocks = dict[int, None]  # insertion-ordered: the least recently used first
+def block_hashes(text: str, block_chars: int, after: int | None = None) -> list[int]:
+    """One hash per whole block of ``text``, each covering every block before it too (and
+    the chain that ended in hash ``after``, when given)."""
+    h = block_chars if after is None else after
+    return [h := hash((h, block)) for block in _splitter(block_chars).findall(text)]
 
 
-def held_by(tables: Sequence[Blocks], hashes: Sequence[int]) -> list[int]:
+@functools.cache
+def _splitter(block_chars: int) -> re.Pattern[str]:
+    return re.compile(f".{{{block_chars}}}", re.DOTALL)  # whole blocks, in C
+
+
+class BlockHasher:
+    """``block_hashes`` of ``prompt_parts``, remembering the hashes of the last
+    ``num_leads`` leads: one str hash of a 4 KB system prompt costs what 5 of its blocks do."""
+
+    def __init__(self, block_chars: int, num_leads: int = _NUM_LEADS):
+        self.block_chars = block_chars
+        self.num_leads = num_leads
+        self._leads: dict[str, list[int]] = {}  # least recently used first
+
+    def hashes(self, lead: str, rest: str) -> list[int]:
+        size = self.block_chars
+        if not _MIN_LEAD_BLOCKS * size <= len(lead) <= _MAX_LEAD_CHARS:
+            return block_hashes(lead + rest, size)
+        leads = self._leads
+        known = leads.pop(lead, None)
+        if known is None:
+            known = block_hashes(lead, size)
+            if len(leads) >= self.num_leads:
+                del leads[next(iter(leads))]
+        leads[lead] = known
+        # The lead's last partial block continues into the rest.
+        return known + block_hashes(lead[len(known) * size :] + rest, size, known[-1])
+
+
+class Segment:
+    """Up to ``_SEGMENT_BLOCKS`` consecutive blocks of one prompt, from block ``start``, learnt
+    together; they are used, and forgotten, together."""
+
+    __slots__ = ("hashes", "start")
+
+    def __init__(self, start: int, hashes: list[int]):
+        self.start = start
+        self.hashes = hashes
+
+
+class BlockTable(dict[int, Segment]):
+    """One replica's blocks: hash -> its segment, with the segments least recently used first."""
+
+    __slots__ = ("segments",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.segments: dict[Segment, None] = {}
+
+
+def held_by(tables: Sequence[Container[int]], hashes: Sequence[int]) -> list[int]:
     """For each table, how many leading blocks of ``hashes`` it holds."""
     if not hashes:
         return [0] * len(tables)
@@ -98,18 +181,23 @@ def held_by(tables: Sequence[Blocks], hashes: Sequence[int]) -> list[int]:
     guess = 1
     for blocks in tables:
         if first in blocks:
-            guess = held_prefix(blocks, hashes, guess)
+            guess = held_length(blocks, hashes, guess)
             held.append(guess)
         else:
             held.append(0)
     return held
 
 
-def held_prefix(blocks: Blocks, hashes: Sequence[int], guess: int = 1) -> int:
+def held_prefix(blocks: Container[int], hashes: Sequence[int], guess: int = 1) -> int:
     """How many leading blocks of ``hashes`` are in ``blocks`` (prefix-closed), tried at
     ``guess`` first: replicas that hold a shared prefix mostly hold the same length."""
     if not hashes or hashes[0] not in blocks:
         return 0
+    return held_length(blocks, hashes, guess)
+
+
+def held_length(blocks: Container[int], hashes: Sequence[int], guess: int) -> int:
+    """``held_prefix`` of ``blocks`` that hold the first block of ``hashes``."""
     n = len(hashes)
     guess = guess if 1 <= guess <= n else 1
     if hashes[guess - 1] in blocks:
@@ -127,7 +215,7 @@ def held_prefix(blocks: Blocks, hashes: Sequence[int], guess: int = 1) -> int:
     return low
 
 
-@dataclass
+@dataclass(slots=True)
 class _Holder:
     """One replica's place in the index."""
 
@@ -135,7 +223,7 @@ class _Holder:
     url: str
     pid: int
     seen_at: float
-    blocks: Blocks = field(default_factory=dict)
+    blocks: BlockTable = field(default_factory=BlockTable)
 
 
 class PrefixIndex:
@@ -143,24 +231,39 @@ class PrefixIndex:
 
     def __init__(self, capacity_blocks: int):
         self.capacity_blocks = capacity_blocks
-        self._slack = capacity_blocks // 16
+        self._segment_blocks = max(1, min(_SEGMENT_BLOCKS, capacity_blocks // 4))
         self._holders: dict[str, _Holder] = {}  # by replica id
         self._swept_at = 0.0
+        # The last candidate list, its holders and tables, and when it was last named.
+        self._named: list[Replica] = []
+        self._named_holders: list[_Holder] = []
+        self._named_tables: list[BlockTable] = []
+        self._named_at = 0.0
 
     # -- membership -------------------------------------------------------------------
 
-    def tables_of(self, replicas: Sequence[Replica], now: float) -> list[Blocks]:
-        """Each replica's block table, in order; a replica first seen, or whose url or pid
-        changed (a restart), gets an empty one."""
+    def tables_of(self, replicas: Sequence[Replica], now: float) -> list[BlockTable]:
+        """Each replica's block table, in order (a list to read, not to change); a replica
+        first seen, or whose url or pid changed (a restart), gets an empty one."""
+        if replicas == self._named:  # the same candidates as the last time: mostly so
+            self._named_at = now
+            return self._named_tables
+        self._note_named()
         holders = self._holders
-        tables = []
+        named = []
         for replica in replicas:
             holder = holders.get(replica.replica_id)
             if holder is None or holder.replica is not replica:
                 holder = self._admit(replica, holder)
-            holder.seen_at = now
-            tables.append(holder.blocks)
-        return tables
+            named.append(holder)
+        self._named, self._named_holders, self._named_at = list(replicas), named, now
+        self._named_tables = [holder.blocks for holder in named]
+        return self._named_tables
+
+    def _note_named(self) -> None:
+        """The replicas of the last candidate list were seen when it was last named."""
+        for holder in self._named_holders:
+            holder.seen_at = self._named_at
 
     def _admit(self, replica: Replica, known: _Holder | None) -> _Holder:
         if known is not None and (known.url, known.pid) == (replica.url, replica.pid):
@@ -173,29 +276,53 @@ class PrefixIndex:
     def forget(self, replica_id: str) -> None:
         """Drop everything known of a replica (it left or restarted)."""
         self._holders.pop(replica_id, None)
+        self._named = []
 
     def sweep(self, now: float) -> None:
         """Forget replicas no candidate list has named for a while (at most once a second)."""
         if now - self._swept_at < _SWEEP_EVERY_S:
             return
         self._swept_at = now
+        self._note_named()
         gone = [rid for rid, h in self._holders.items() if now - h.seen_at > _FORGET_UNSEEN_S]
         for replica_id in gone:
             self.forget(replica_id)
 
     # -- learning ---------------------------------------------------------------------
 
-    def record(self, blocks: Blocks, hashes: Sequence[int]) -> None:
-        """Learn that the replica of ``blocks`` now holds every block of ``hashes``; the
-        least recently used go, a slack of 1/16 of the capacity at a time."""
-        for h in reversed(hashes):
-            if h in blocks:
-                del blocks[h]  # to the end: the most recent
-            blocks[h] = None
-        excess = len(blocks) - self.capacity_blocks
-        if excess > self._slack:
-            for old in list(itertools.islice(blocks, excess)):
-                del blocks[old]
+    def record(self, table: BlockTable, hashes: Sequence[int], held: int | None = None) -> None:
+        """Learn that the replica of ``table`` now holds every block of ``hashes`` (the
+        first ``capacity_blocks`` of a longer prompt); the least recently used go.
+        ``held``: ``held_prefix(table, hashes)``, when the caller has it already."""
+        if len(hashes) > self.capacity_blocks:
+            hashes = hashes[: self.capacity_blocks]
+        held = min(held_prefix(table, hashes) if held is None else held, len(hashes))
+        segments = table.segments
+        size = self._segment_blocks
+        end = len(hashes)
+        while end > held:  # the new blocks, last first, in segments aligned on ``size``
+            start = max(held, (end - 1) // size * size)
+            segment = Segment(start, list(hashes[start:end]))
+            table.update(zip(segment.hashes, repeat(segment)))
+            segments[segment] = None
+            end = start
+        at = held - 1
+        while at >= 0:  # the held blocks' segments, last first: one lookup each
+            segment = table[hashes[at]]
+            del segments[segment]
+            segments[segment] = None  # the most recent
+            at = min(segment.start, at) - 1
+        while len(table) > self.capacity_blocks:
+            self._evict(table)
+
+    @staticmethod
+    def _evict(table: BlockTable) -> None:
+        segment = next(iter(table.segments))
+        del table.segments[segment]
+        get = table.get
+        for h in segment.hashes:
+            if get(h) is segment:  # not learnt again elsewhere (a hash collision)
+                del table[h]
 
     # -- what it holds ----------------------------------------------------------------
 
