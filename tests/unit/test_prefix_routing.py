@@ -130,6 +130,32 @@ def test_a_cached_replica_wins_until_its_extra_load_outweighs_the_saved_prefill(
     assert policy.pick(request, fleet) is fleet[0]
 
 
+def test_replicas_whose_queue_outweighs_the_best_are_skipped_without_changing_the_pick():
+    """The pick skips looking up a replica whose queue alone costs more than the best so
+    far; its choice, ties and random draws included, is that of comparing every cost."""
+    rng = random.Random(10)
+    for trial in range(400):
+        alpha = rng.choice((0.0, 0.5, 1.0, 2.5))
+        cost_each = rng.choice((None, 0.5, 1.0, 3.0, 10.0))
+        policy = PrefixRouting(
+            RoutingConfig(policy="prefix", alpha=alpha, request_cost_blocks=cost_each),
+            rng=random.Random(trial),
+        )
+        fleet = replicas(rng.randrange(1, 12))
+        hashes = [rng.getrandbits(60) for _ in range(rng.randrange(0, 20))]
+        tables = [dict.fromkeys(hashes[: rng.randrange(0, len(hashes) + 1)]) for _ in fleet]
+        for r in fleet:
+            r.num_inflight = rng.randrange(4)
+        held = held_by(tables, hashes)
+        costs = [
+            alpha * (len(hashes) - h) + r.num_inflight * policy.request_cost
+            for r, h in zip(fleet, held, strict=True)
+        ]
+        tied = [i for i, cost in enumerate(costs) if cost == min(costs)]
+        chosen = tied[0] if len(tied) == 1 else random.Random(trial).choice(tied)
+        assert policy._cheapest(fleet, tables, hashes) == (chosen, held[chosen])
+
+
 def test_ties_are_broken_at_random_and_replicas_over_the_hard_limit_skipped():
     policy = prefix_policy(max_inflight=3)
     fleet = replicas(4)
