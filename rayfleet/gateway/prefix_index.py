@@ -35,7 +35,7 @@ replicas, 100k blocks), as the design stands against the one before it, an LRU d
 replica in which recording moved each of the prompt's 128 blocks to the end (a delete and an
 insert) and eviction deleted 1/16 of the capacity at once: recording cost 26 us of a 60 us
 pick at p50 and 40 us when it evicted, with the tables out of cache; stamping all 128 blocks
-in place and evicting generations of 64 with a check of each still cost 15 us. Segments
+in place and evicting generations of 64 with a check of each still cost 12-16 us. Segments
 touch the 64 new blocks once to add and once to evict, and the held ones one lookup per
 segment: 10 us. Before that, a table of hash -> bit mask of holders matched every replica in
 one pass; its extra dictionary doubled the cache misses of recording and cost 50 us of a
