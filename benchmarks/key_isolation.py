@@ -47,6 +47,7 @@ from fleet_load import (
     fleet_pid,
     mixed_chat_prompts,
     print_table,
+    replica_urls,
     start_fleet,
     write_json,
 )
@@ -171,6 +172,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             return Target(fleet.url, CHAT_ENDPOINT, MODEL, True, headers=headers)
 
         steady, flooding = target(steady_key), target(flood_key)
+        if args.steady_direct:  # the control: the steady key's requests bypass the gateway
+            steady = Target(replica_urls(fleet)[0], CHAT_ENDPOINT, MODEL, True)
         gateway = psutil.Process(fleet_pid(fleet))
         warm_up = argparse.Namespace(**{**vars(args), "phase_s": 5.0})
         asyncio.run(phase(steady, None, prompts, warm_up, gateway))
@@ -238,6 +241,12 @@ def main() -> None:
     parser.add_argument("--steady-users", type=int, default=2)
     parser.add_argument("--flood-rate", type=float, default=200.0, help="flood requests a second")
     parser.add_argument("--flood-rpm", type=int, default=60, help="the flood key's quota")
+    parser.add_argument(
+        "--steady-direct",
+        action="store_true",
+        help="the control: steady requests go straight to one replica's vLLM server, so a "
+        "slowdown under the flood that shows here too is not the gateway's",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("docs/results/key-isolation.json"))
     args = parser.parse_args()
