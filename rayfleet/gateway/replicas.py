@@ -150,21 +150,19 @@ class ReplicaSet:
     def candidates(self, model: str, exclude: Collection[str] = ()) -> list[Replica]:
         """The replicas of ``model`` a request may go to now: healthy, not draining, and
         not in ``exclude`` (ids already tried)."""
-        now = time.monotonic()
-        return [
-            r
-            for r in self._by_model.get(model, ())
-            if r.healthy(now) and not r.draining and r.replica_id not in exclude
-        ]
+        return self._not_draining(model, exclude, healthy=True)
 
     def cooling(self, model: str, exclude: Collection[str] = ()) -> list[Replica]:
         """The replicas of ``model`` out of rotation after failing (cooling down), not
         draining and not in ``exclude``: a last resort when no other can serve."""
+        return self._not_draining(model, exclude, healthy=False)
+
+    def _not_draining(self, model: str, exclude: Collection[str], healthy: bool) -> list[Replica]:
         now = time.monotonic()
         return [
             r
             for r in self._by_model.get(model, ())
-            if not r.healthy(now) and not r.draining and r.replica_id not in exclude
+            if r.healthy(now) is healthy and not r.draining and r.replica_id not in exclude
         ]
 
     @staticmethod
