@@ -172,22 +172,6 @@ class BlockTable(dict[int, Segment]):
         self.segments: dict[Segment, None] = {}
 
 
-def held_by(tables: Sequence[Container[int]], hashes: Sequence[int]) -> list[int]:
-    """For each table, how many leading blocks of ``hashes`` it holds."""
-    if not hashes:
-        return [0] * len(tables)
-    first = hashes[0]
-    held = []
-    guess = 1
-    for blocks in tables:
-        if first in blocks:
-            guess = held_length(blocks, hashes, guess)
-            held.append(guess)
-        else:
-            held.append(0)
-    return held
-
-
 def held_prefix(blocks: Container[int], hashes: Sequence[int], guess: int = 1) -> int:
     """How many leading blocks of ``hashes`` are in ``blocks`` (prefix-closed), tried at
     ``guess`` first: replicas that hold a shared prefix mostly hold the same length."""

@@ -11,7 +11,6 @@ from rayfleet.config.routing import RoutingConfig
 from rayfleet.gateway.prefix_index import (
     PrefixIndex,
     block_hashes,
-    held_by,
     held_prefix,
     prompt_text,
 )
@@ -109,7 +108,7 @@ def test_held_prefix_agrees_with_a_scan_whatever_the_guess():
         assert held_prefix(table, hashes, rng.randrange(-2, 45)) == length
     hashes = [rng.getrandbits(60) for _ in range(40)]
     tables = [dict.fromkeys(hashes[:n]) for n in (0, 5, 5, 40, 1)]
-    assert held_by(tables, hashes) == [0, 5, 5, 40, 1]
+    assert [held_prefix(t, hashes) for t in tables] == [0, 5, 5, 40, 1]
 
 
 # -- the pick -----------------------------------------------------------------------
@@ -146,7 +145,7 @@ def test_replicas_whose_queue_outweighs_the_best_are_skipped_without_changing_th
         tables = [dict.fromkeys(hashes[: rng.randrange(0, len(hashes) + 1)]) for _ in fleet]
         for r in fleet:
             r.num_inflight = rng.randrange(4)
-        held = held_by(tables, hashes)
+        held = [held_prefix(t, hashes) for t in tables]
         costs = [
             alpha * (len(hashes) - h) + r.num_inflight * policy.request_cost
             for r, h in zip(fleet, held, strict=True)
