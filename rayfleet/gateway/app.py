@@ -268,6 +268,7 @@ class Gateway:
         refused = self._keyed(request, self.policies.open_metrics)
         if refused is not None:
             return refused
+        # Here, not in metrics.before_render: render() is also called off the loop.
         self.metrics.asyncio_tasks.set(len(asyncio.all_tasks()))
         return web.Response(
             body=self.metrics.render(),
