@@ -4,7 +4,7 @@ errors while replicas come, go and roll.
     flock /tmp/rayfleet-heavy.lock .venv/bin/python benchmarks/elasticity.py \\
         --out results/elasticity.json --plot docs/elasticity.png
 
-One fleet (``rayfleet up --detach`` in a temporary RAYFLEET_HOME, ``rayfleet down`` at the
+One fleet (``rayfleet up`` in this session, in a temporary RAYFLEET_HOME, ``rayfleet down`` at the
 end whatever happens) serves the tiny model with ``autoscaling`` 1..3 replicas,
 ``target_load_per_replica`` 3, ``upscale_delay_s`` 0, ``downscale_delay_s`` 20 and
 ``drain_timeout_s`` 60. A closed loop of streamed completions (``rayfleet bench``'s
@@ -82,7 +82,7 @@ class PhaseTimeout(Exception):
 
 
 class Fleet:
-    """A detached fleet in its own RAYFLEET_HOME, driven through the CLI."""
+    """A fleet in its own RAYFLEET_HOME, driven through the CLI."""
 
     def __init__(self, home: Path, config: dict[str, Any]):
         self.home = home
@@ -90,6 +90,7 @@ class Fleet:
         self.port: int = config["gateway"]["port"]
         self.config_path = home / "fleet.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -103,15 +104,51 @@ class Fleet:
             raise RuntimeError(f"rayfleet {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
         return result.stdout
 
+    def up(self, timeout_s: float = 900) -> None:
+        """``rayfleet up`` as a child in this process's session, until the fleet is ready.
+
+        Not ``up --detach``, which gives the fleet a session of its own: with autogroup
+        scheduling this client then shares the CPU with the whole fleet as with one
+        other process, and the engines' busy polling starved it. Measured on the 2-core
+        machine (key_isolation.py, 2 streamed users): the client waited 10-12 s of each
+        15 s for a core, its event loop stalled about 1 s at a time, and a steady TTFT p50
+        of 10-12 ms read 40-1,070 ms; in one session, the stalls were gone (engine.py
+        says the same of a vLLM server in a session of its own)."""
+        env = {**os.environ, "RAYFLEET_HOME": str(self.home)}
+        argv = [sys.executable, "-m", "rayfleet.cli", "up", "-c", str(self.config_path)]
+        log_path = self.home / "up.log"
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                argv,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                process_group=0,
+            )
+        state_file = self.home / "run" / "fleet.json"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"rayfleet up failed:\n{log_path.read_text()[-3000:]}")
+            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+                state = json.loads(state_file.read_text())
+                if state["pid"] == self.proc.pid and state["phase"] == "ready":
+                    return
+            time.sleep(0.5)
+        raise RuntimeError(f"rayfleet up not ready after {timeout_s:g}s; log: {log_path}")
+
     def down(self) -> None:
         state_file = self.home / "run" / "fleet.json"
-        if not state_file.exists():
-            return
-        pid = json.loads(state_file.read_text())["pid"]
-        with contextlib.suppress(Exception):
-            self.cli("down", timeout_s=300)
-        with contextlib.suppress(psutil.NoSuchProcess):
-            psutil.Process(pid).kill()
+        if state_file.exists():
+            pid = json.loads(state_file.read_text())["pid"]
+            with contextlib.suppress(Exception):
+                self.cli("down", timeout_s=300)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).kill()
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 class SteppedLoad:
@@ -324,7 +361,7 @@ def measure(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     sampler = StatusSampler(fleet.url)
     try:
         started = time.perf_counter()
-        fleet.cli("up", "-c", str(fleet.config_path), "--detach")
+        fleet.up()
         print(f"fleet up in {time.perf_counter() - started:.1f}s", flush=True)
         sampler.start()
         load.start()

@@ -1,13 +1,13 @@
 """What load.py and soak.py share: a 2-replica fleet of the tiny model, mixed chat prompts,
 and readings of the fleet process (where the gateway runs) from outside.
 
-    with tiny_fleet(num_replicas=2) as fleet:          # rayfleet up --detach ... down
+    with tiny_fleet(num_replicas=2) as fleet:          # rayfleet up ... down
         probe = ProcessProbe(fleet_pid(fleet), fleet.port)
         probe.sample()        # RSS, open fds, threads, TCP connections by kind, CPU s
         gateway_counters(fleet.url)   # the gateway's /metrics: answers by status, errors
         prompts = mixed_chat_prompts(tokenizer, 400, long_fraction=0.2, seed=0)
 
-The fleet is elasticity.py's ``Fleet`` (``rayfleet up --detach`` in a temporary
+The fleet is elasticity.py's ``Fleet`` (``rayfleet up`` in this session, in a temporary
 RAYFLEET_HOME, ``rayfleet down`` and a kill of the fleet process at the end, whatever
 happens). The requests are ``rayfleet bench``'s (rayfleet/bench/client.py). The fleet
 process runs the gateway, and also Ray's driver (its gRPC channels and threads), so its
@@ -53,7 +53,7 @@ CHAT_ENDPOINT = "/v1/chat/completions"
 
 @contextlib.contextmanager
 def tiny_fleet(num_replicas: int = 2) -> Iterator[Fleet]:
-    """A detached fleet of ``num_replicas`` replicas of the tiny model, up on entry (every
+    """A fleet of ``num_replicas`` replicas of the tiny model, up on entry (every
     replica serving), stopped on exit."""
     model = {
         "name": MODEL,
@@ -69,7 +69,7 @@ def tiny_fleet(num_replicas: int = 2) -> Iterator[Fleet]:
 
 
 def start_fleet(config: dict[str, Any], attempts: int = 3) -> Fleet:
-    """``rayfleet up --detach`` of ``config`` on a free port, in a new RAYFLEET_HOME.
+    """``rayfleet up`` of ``config`` on a free port, in a new RAYFLEET_HOME (``Fleet.up``).
 
     The port is free when chosen but the gateway binds it after Ray has started, some 20 s
     later, and a connection made meanwhile can take it as its local port (seen once here:
@@ -80,7 +80,7 @@ def start_fleet(config: dict[str, Any], attempts: int = 3) -> Fleet:
         fleet = Fleet(home, {**config, "gateway": gateway})
         started = time.perf_counter()
         try:
-            fleet.cli("up", "-c", str(fleet.config_path), "--detach")
+            fleet.up()
         except RuntimeError as exc:
             fleet.down()
             if "already in use" not in str(exc) or attempt == attempts - 1:

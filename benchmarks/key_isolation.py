@@ -3,7 +3,7 @@
     flock /tmp/rayfleet-heavy.lock .venv/bin/python benchmarks/key_isolation.py \\
         --rounds 3 --out docs/results/key-isolation.json
 
-One fleet (fleet_load.py: ``rayfleet up --detach``, 2 replicas of the tiny model) whose
+One fleet (fleet_load.py: ``rayfleet up`` in this session, 2 replicas of the tiny model) whose
 gateway has two keys:
 
     steady   no limits

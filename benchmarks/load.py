@@ -8,7 +8,7 @@ A capacity and robustness benchmark, not a latency one: on a small machine the r
 queue most of 1,000 users, so TTFT here is mostly time waiting for a vLLM batch slot. The
 gateway's own cost per request is measured by overhead.py (README: "Performance").
 
-One fleet (fleet_load.py: ``rayfleet up --detach``, 2 replicas of the tiny model, ``down``
+One fleet (fleet_load.py: ``rayfleet up`` in this session, 2 replicas of the tiny model, ``down``
 at the end) serves every level. At a level of N users, N * ``--requests-per-user``
 streamed chat requests (``rayfleet bench``'s request code; ``ignore_eos`` so each asks
 for exactly its output length) are sent with N in flight at once: each user sends its

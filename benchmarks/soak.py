@@ -3,7 +3,7 @@
     flock /tmp/rayfleet-heavy.lock .venv/bin/python benchmarks/soak.py \\
         --minutes 30 --out docs/results/soak.json --plot docs/soak.png
 
-One fleet (fleet_load.py: ``rayfleet up --detach``, 2 replicas of the tiny model, ``down``
+One fleet (fleet_load.py: ``rayfleet up`` in this session, 2 replicas of the tiny model, ``down``
 at the end) and ``--users`` clients on loopback, each sending one request after another
 until the time is up (or ``--max-requests`` are sent), each request drawn at random:
 
