@@ -326,7 +326,7 @@ def run_phases(
         wait_for("1 serving replica, none draining", lambda: settled(sampler, 1))
         step("apply", 2)
         run["apply_output"] = apply_changed_engine_args(fleet)
-        wait_for("the new application", lambda: set(sampler.latest()["apps"]) - {first_app})
+        wait_for("the new application", lambda: bool(set(sampler.latest()["apps"]) - {first_app}))
         (new_app,) = set(sampler.latest()["apps"]) - {first_app}
         wait_for(f"only {new_app} serving", lambda: settled(sampler, 1, new_app))
         step("after apply", 2)

@@ -16,24 +16,27 @@ odd rounds, flood first in even ones), so a drift of the machine hits both alike
              chat request after another
     flood    the same, while the flood key sends ``--flood-rate`` requests a second
              (Poisson, open loop: a 429 is not waited out, whatever its Retry-After says),
-             as short chat requests
+             as short chat requests, from a client process of its own
 
 Reported per round and phase: the steady key's TTFT p50 and p99, its errors, and the flood
 key's answers by status, with the share of its 429s that carry ``Retry-After``. The
 issue's goal: the steady key's TTFT under the flood within 20% of its quiet value (the
 ratio of p50s, per round; p99 shown beside it). The flood's admitted requests (its quota)
 share the replicas with the steady key, as they would in production; the refused rest
-costs only the gateway. Client, gateway and engines share this machine's cores.
+costs only the gateway. Clients, gateway and engines share this machine's cores, in one
+session (fleet_load.py's ``Fleet.up`` says why that matters).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import secrets
 import statistics
 import time
 from collections import Counter
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +123,43 @@ async def flood(
     return answers
 
 
+def flood_process(
+    target: Target, prompt: Prompt, rate: float, duration_s: float, pipe: Connection
+) -> None:
+    """The flood as a client of its own: says "ready", floods for ``duration_s`` and
+    sends back its answers and CPU seconds. In the steady client's process, its 200
+    requests a second would share that client's event loop and delay its reads."""
+
+    async def run() -> Counter[str]:
+        async with open_session(None) as session:
+            pipe.send("ready")
+            return await flood(session, target, prompt, rate, time.perf_counter() + duration_s)
+
+    answers = asyncio.run(run())
+    pipe.send((dict(answers), cpu_s(psutil.Process())))
+
+
+class FloodClient:
+    """``flood_process`` in a spawned process, started and awaited around a phase."""
+
+    def __init__(self, target: Target, prompt: Prompt, rate: float, duration_s: float):
+        context = multiprocessing.get_context("spawn")
+        self._pipe, child_end = context.Pipe()
+        self._process = context.Process(
+            target=flood_process, args=(target, prompt, rate, duration_s, child_end)
+        )
+
+    def start(self) -> None:
+        self._process.start()
+        if self._pipe.recv() != "ready":
+            raise RuntimeError("the flood client did not start")
+
+    async def result(self) -> tuple[dict[str, int], float]:
+        answers, cpu = await asyncio.to_thread(self._pipe.recv)
+        await asyncio.to_thread(self._process.join)
+        return answers, cpu
+
+
 def cpu_s(process: psutil.Process) -> float:
     times = process.cpu_times()
     return float(times.user + times.system)
@@ -133,30 +173,31 @@ async def phase(
     gateway: psutil.Process,
 ) -> dict[str, Any]:
     """One phase; CPU shares are of one core, over the phase: the fleet process (the
-    gateway, beside Ray's driver) and this client process."""
+    gateway, beside Ray's driver), the steady client and the flood client."""
+    flooding = None
+    if flood_target is not None:
+        flooding = FloodClient(flood_target, prompts[0], args.flood_rate, args.phase_s)
+        await asyncio.to_thread(flooding.start)
     client = psutil.Process()
     started, gateway_before, client_before = time.perf_counter(), cpu_s(gateway), cpu_s(client)
     until = started + args.phase_s
     async with open_session(None) as session:
-        users = asyncio.gather(
+        per_user = await asyncio.gather(
             *(steady_user(session, steady, prompts, until) for _ in range(args.steady_users))
         )
-        if flood_target is not None:
-            flooding = flood(session, flood_target, prompts[0], args.flood_rate, until)
-            per_user, answers = await asyncio.gather(users, flooding)
-        else:
-            per_user, answers = await users, Counter()
+    answers, flood_cpu = await flooding.result() if flooding is not None else ({}, 0.0)
     records = [r for user in per_user for r in user]
     ttfts = [t for t, error in records if not error]
     elapsed = time.perf_counter() - started
     return {
         "gateway_cpu_share": (cpu_s(gateway) - gateway_before) / elapsed,
         "client_cpu_share": (cpu_s(client) - client_before) / elapsed,
+        "flood_client_cpu_share": flood_cpu / elapsed,
         "num_requests": len(records),
         "errors": dict(Counter(e for _, e in records if e)),
         "ttft_p50_ms": 1e3 * statistics.median(ttfts),
         "ttft_p99_ms": 1e3 * float(np.percentile(ttfts, 99)),
-        "flood_answers": dict(answers),
+        "flood_answers": answers,
     }
 
 
@@ -208,6 +249,7 @@ def report(rounds: list[dict[str, Any]]) -> None:
                 " ".join(f"{k}:{v}" for k, v in sorted(f["flood_answers"].items())),
                 f"{q['gateway_cpu_share']:.0%} / {f['gateway_cpu_share']:.0%}",
                 f"{q['client_cpu_share']:.0%} / {f['client_cpu_share']:.0%}",
+                f"{f.get('flood_client_cpu_share', 0.0):.0%}",
             ]
         )
     print_table(
@@ -220,7 +262,8 @@ def report(rounds: list[dict[str, Any]]) -> None:
             "steady errors",
             "flood key's answers",
             "gateway CPU",
-            "client CPU",
+            "steady client CPU",
+            "flood client CPU",
         ],
         rows,
     )
