@@ -12,6 +12,8 @@ request code, random 64-token prompts, 64 tokens out with ``ignore_eos``) goes t
 the gateway at a concurrency stepped by phase:
 
     warm-up      1 in flight                       (1 replica)
+    bare start   4 in flight on 1 replica held there (``rayfleet scale tiny 1``) while a
+                 bare vLLM server starts beside the fleet; then ``scale tiny auto``
     scale-up     4 in flight, until 2 serve; then 8 in flight, until 3 serve, held a while
     scale-in     1 in flight, until 1 serves and none drains
     apply        2 in flight while `rayfleet apply` changes max_model_len 1024 -> 1000
@@ -23,8 +25,11 @@ replicas take CPU from the serving one. ``GET /rayfleet/status`` is read every s
 
 - time from the target's rise (the sample where it first reaches N) to N replicas
   serving, for 1 -> 2 and 2 -> 3, against a bare vLLM server's own start (one
-  ``EngineProcess`` on the same model and arguments, start to ``wait_healthy``), timed
-  before the fleet starts and again after it stops; the ratio uses their mean;
+  ``EngineProcess`` on the same model and arguments, start to ``wait_healthy``) under the
+  same load as the 1 -> 2 step (the "bare start" phase: the peer starts on the same
+  cores as the serving replica and its 4 streams, as the fleet's new replica does); the
+  idle machine's bare start, timed before the fleet starts and again after it stops, is
+  reported beside it;
 - per phase: requests, failed requests, and streams that ended without their finish
   (a stream is finished when it reports all 64 tokens: ``usage.completion_tokens``,
   which vLLM sends after the chunk with the finish reason);
@@ -298,7 +303,7 @@ def fleet_config(model_dir: Path) -> dict[str, Any]:
 
 
 def run_phases(
-    fleet: Fleet, load: SteppedLoad, sampler: StatusSampler, hold_s: float
+    fleet: Fleet, load: SteppedLoad, sampler: StatusSampler, hold_s: float, model_dir: Path
 ) -> dict[str, Any]:
     """Step the load through the phases; returns phase marks, the apply's output and, if a
     phase did not complete, why."""
@@ -315,6 +320,14 @@ def run_phases(
         first_app = sampler.latest()["apps"][0]
         step("warm-up", 1)
         wait_for("3 warm-up requests", lambda: load.num_done("warm-up") >= 3)
+        fleet.cli("scale", MODEL, "1")  # held at 1 while the peer starts under the same load
+        step("bare start", 4)
+        wait_for("4 requests at 4 in flight", lambda: load.num_done("bare start") >= 4)
+        run["bare_loaded_s"] = time_bare_start(model_dir)
+        print(f"bare vLLM start under load: {run['bare_loaded_s']:.1f}s", flush=True)
+        step("settle", 1)
+        fleet.cli("scale", MODEL, "auto")
+        wait_for("1 serving replica after the bare start", lambda: settled(sampler, 1))
         step("scale-up", 4)
         wait_for("2 serving replicas", lambda: settled(sampler, 2))
         load.level = 8
@@ -365,7 +378,7 @@ def measure(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         print(f"fleet up in {time.perf_counter() - started:.1f}s", flush=True)
         sampler.start()
         load.start()
-        run = run_phases(fleet, load, sampler, args.hold_s)
+        run = run_phases(fleet, load, sampler, args.hold_s, model_dir)
     finally:
         load.stop()
         sampler.stop()
