@@ -10,6 +10,7 @@
 - ``serving_engine(model, name, ...)``: one vLLM OpenAI server, started, healthy, and
   stopped (with every process of its group) on exit.
 - ``wait_until(predicate, timeout_s)``: poll a condition until a deadline.
+- ``engine_gauges(url, *names)``: series of a vLLM server's /metrics, summed over labels.
 - ``start_foreground_up(home, config_path)``: `rayfleet up` in the foreground of a session of
   its own, so a test can send its whole group Ctrl-C as a terminal does.
 - ``one_cpu_raylets(num_workers)``: a Ray cluster of a head and workers of one CPU each
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +49,24 @@ DEMO_ARGS = {"enforce_eager": True, "max_model_len": 2048, "dtype": "float32"}
 ENGINE_START_TIMEOUT_S = 600
 
 T = TypeVar("T")
+
+
+def engine_gauges(url: str, *names: str) -> list[float]:
+    """Each named series of a vLLM server's /metrics (summed over label sets), one read."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        lines = response.read().decode().splitlines()
+    return [
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in lines
+            if line.startswith(name + "{") or line.startswith(name + " ")
+        )
+        for name in names
+    ]
+
+
+def engine_gauge(url: str, name: str) -> float:
+    return engine_gauges(url, name)[0]
 
 
 def wait_until(predicate: Callable[[], T], timeout_s: float, poll_s: float = 0.2) -> T | None:

@@ -36,7 +36,6 @@ import socket
 import subprocess
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +48,8 @@ from tests.integration.fleet import (
     RAYFLEET,
     TINY_ARGS,
     RunningFleet,
+    engine_gauge,
+    engine_gauges,
     model_entry,
     wait_until,
     write_config,
@@ -194,24 +195,6 @@ def test_a_restarted_control_actor_costs_no_request(fleet, client, actor):
     assert not load.failures, f"{len(load.failures)} failed: {load.failures[:3]}"
     (replica,) = serving_replicas(fleet)
     assert replica["model"] == "tiny"
-
-
-def engine_gauges(url: str, *names: str) -> list[float]:
-    """Each named series of the replica's vLLM (summed over labels), from one scrape."""
-    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
-        lines = resp.read().decode().splitlines()
-    return [
-        sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in lines
-            if line.startswith(name + "{") or line.startswith(name + " ")
-        )
-        for name in names
-    ]
-
-
-def engine_gauge(url: str, name: str) -> float:
-    return engine_gauges(url, name)[0]
 
 
 def open_stream(fleet: RunningFleet, max_tokens: int, stream: bool = True) -> socket.socket:

@@ -6,14 +6,12 @@ The module's fleet and its openai client are tests/conftest.py's ``fleet`` and `
 from __future__ import annotations
 
 import re
-import time
-import urllib.request
 
 import openai
 import pytest
 import requests
 
-from tests.integration.fleet import DEMO_ARGS, model_entry
+from tests.integration.fleet import DEMO_ARGS, engine_gauge, model_entry, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -141,30 +139,11 @@ def test_status_shows_nodes_models_replicas(fleet):
     assert "tiny#" in table and "smollm2-135m" in table
 
 
-def _engine_metrics(replica_url: str) -> dict[str, float]:
-    text = urllib.request.urlopen(replica_url + "/metrics", timeout=10).read().decode()
-    found: dict[str, float] = {}
-    for line in text.splitlines():
-        for name in ("vllm:num_requests_running", "vllm:generation_tokens_total"):
-            if line.startswith(name + "{"):
-                found[name] = found.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return found
-
-
-def _wait_for(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def test_client_disconnect_aborts_the_upstream_request(fleet):
     # The demo model makes ~20 tokens/s here: 1500 tokens would take over a minute.
     replica = next(r for r in fleet.status()["replicas"] if r["model"] == "smollm2-135m")
-    running = lambda: _engine_metrics(replica["url"])["vllm:num_requests_running"]  # noqa: E731
-    generated = lambda: _engine_metrics(replica["url"])["vllm:generation_tokens_total"]  # noqa: E731
+    running = lambda: engine_gauge(replica["url"], "vllm:num_requests_running")  # noqa: E731
+    generated = lambda: engine_gauge(replica["url"], "vllm:generation_tokens_total")  # noqa: E731
     before = generated()
     body = {
         "model": "smollm2-135m",
@@ -178,7 +157,7 @@ def test_client_disconnect_aborts_the_upstream_request(fleet):
         lines = resp.iter_lines()
         for _ in range(3):
             next(lines)
-        assert _wait_for(lambda: running() == 1, 10), "the engine is not running the request"
+        assert wait_until(lambda: running() == 1, 10), "the engine is not running the request"
     # The client has closed its connection: the engine must drop the request.
-    assert _wait_for(lambda: running() == 0, 20), "the engine kept generating after disconnect"
+    assert wait_until(lambda: running() == 0, 20), "the engine kept generating after disconnect"
     assert generated() - before < 300

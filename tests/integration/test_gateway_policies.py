@@ -21,7 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import openai
@@ -34,7 +33,7 @@ from rayfleet.control.state import RunState
 from rayfleet.gateway.app import Gateway, start_gateway
 from rayfleet.gateway.auth import hash_key
 from rayfleet.gateway.policies import Policies
-from tests.integration.fleet import serving_engine
+from tests.integration.fleet import engine_gauge, serving_engine
 
 pytestmark = pytest.mark.integration
 
@@ -91,21 +90,6 @@ def serving(gateway: Gateway):
         thread.join(60)
 
 
-def engine_metrics(url: str) -> dict[str, float]:
-    """vLLM's own request gauges and counters, summed over label sets."""
-    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    found: dict[str, float] = {}
-    for line in text.splitlines():
-        for name in (
-            "vllm:num_requests_running",
-            "vllm:num_requests_waiting",
-            "vllm:generation_tokens_total",
-        ):
-            if line.startswith(name + "{"):
-                found[name] = found.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return found
-
-
 def wait_for(predicate, timeout_s: float, poll_s: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -143,7 +127,7 @@ def idle(engine) -> None:
     assert wait_for(
         lambda: (
             not any(
-                engine_metrics(engine.url).get(k)
+                engine_gauge(engine.url, k)
                 for k in ("vllm:num_requests_running", "vllm:num_requests_waiting")
             )
         ),
@@ -306,7 +290,7 @@ def test_n_messages_and_body_caps(main_url):
 
 
 def test_context_overflow_is_refused_before_the_engine(client, vllm_tiny):
-    before = engine_metrics(vllm_tiny.url).get("vllm:generation_tokens_total", 0)
+    before = engine_gauge(vllm_tiny.url, "vllm:generation_tokens_total")
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model="tiny", prompt="hello world " * 600, max_tokens=200)
     body = err.value.body
@@ -314,7 +298,7 @@ def test_context_overflow_is_refused_before_the_engine(client, vllm_tiny):
     assert "maximum context length is 1024 tokens" in body["message"]
     assert "plus max_tokens 200" in body["message"]
     assert err.value.response.headers["x-rayfleet-replica"] == "gateway"
-    assert engine_metrics(vllm_tiny.url).get("vllm:generation_tokens_total", 0) == before
+    assert engine_gauge(vllm_tiny.url, "vllm:generation_tokens_total") == before
 
 
 # -- routes ------------------------------------------------------------------------------
@@ -413,9 +397,9 @@ def test_high_priority_overtakes_queued_low_priority(client, prio):
         return thread
 
     threads = [start("low-1", "low", 30)]
-    assert wait_for(lambda: engine_metrics(prio.url).get("vllm:num_requests_running") == 1, 30)
+    assert wait_for(lambda: engine_gauge(prio.url, "vllm:num_requests_running") == 1, 30)
     threads += [start("low-2", "low", 30), start("low-3", "low", 30)]
-    assert wait_for(lambda: engine_metrics(prio.url).get("vllm:num_requests_waiting") == 2, 30)
+    assert wait_for(lambda: engine_gauge(prio.url, "vllm:num_requests_waiting") == 2, 30)
     threads.append(start("high", "high", 4))
     for thread in threads:
         thread.join(300)
@@ -437,7 +421,7 @@ def test_total_timeout_is_408_and_aborts_the_engine_request(main_url, prio):
     error = _refused(resp, 408)
     assert error["code"] == "timeout" and "priority class 'brief'" in error["message"]
     assert time.monotonic() - started < 15
-    assert wait_for(lambda: not engine_metrics(prio.url).get("vllm:num_requests_running"), 20)
+    assert wait_for(lambda: not engine_gauge(prio.url, "vllm:num_requests_running"), 20)
 
 
 def test_total_timeout_ends_a_stream_with_an_error_event(main_url, prio):
@@ -466,7 +450,7 @@ def test_total_timeout_ends_a_stream_with_an_error_event(main_url, prio):
     last = json.loads(events[-2][len(b"data: ") :])
     assert last["error"]["code"] == "timeout"
     assert 1 < len(events) - 2 < 1000, f"not started and cut short: first event at {first_at} s"
-    assert wait_for(lambda: not engine_metrics(prio.url).get("vllm:num_requests_running"), 20)
+    assert wait_for(lambda: not engine_gauge(prio.url, "vllm:num_requests_running"), 20)
 
 
 def test_stream_idle_timeout_on_a_queued_request(main_url, prio):
@@ -489,12 +473,12 @@ def test_stream_idle_timeout_on_a_queued_request(main_url, prio):
         )
         error = _refused(resp, 408)
         assert "0.3 s without output" in error["message"]
-    assert wait_for(lambda: not engine_metrics(prio.url).get("vllm:num_requests_waiting"), 20)
+    assert wait_for(lambda: not engine_gauge(prio.url, "vllm:num_requests_waiting"), 20)
 
 
 def test_client_disconnect_aborts_the_engine_request(main_url, prio):
     idle(prio)
-    before = engine_metrics(prio.url).get("vllm:generation_tokens_total", 0)
+    before = engine_gauge(prio.url, "vllm:generation_tokens_total")
     body = {
         "model": "tiny-prio",
         "prompt": "hi",
@@ -513,9 +497,9 @@ def test_client_disconnect_aborts_the_engine_request(main_url, prio):
         lines = resp.iter_lines()
         for _ in range(3):
             next(lines)
-        assert engine_metrics(prio.url).get("vllm:num_requests_running") == 1
-    assert wait_for(lambda: not engine_metrics(prio.url).get("vllm:num_requests_running"), 20)
-    assert engine_metrics(prio.url)["vllm:generation_tokens_total"] - before < 300
+        assert engine_gauge(prio.url, "vllm:num_requests_running") == 1
+    assert wait_for(lambda: not engine_gauge(prio.url, "vllm:num_requests_running"), 20)
+    assert engine_gauge(prio.url, "vllm:generation_tokens_total") - before < 300
 
 
 # -- queue depth -------------------------------------------------------------------------
