@@ -63,8 +63,9 @@ class RoutingConfig(StrictModel):
     index_blocks: int = Field(
         default=16384,
         ge=1,
-        description="prefix: blocks remembered per replica, least recently used forgotten "
-        "first; set it to vLLM's num_gpu_blocks (cache_config_info) x block_size / 16.",
+        description="prefix: blocks remembered per replica at most, least recently used "
+        "forgotten first. Each replica's own bound follows its KV cache as its vLLM reports it "
+        "(cache_config_info's kv_cache_size_tokens, at about 4 characters a token), up to this.",
     )
     max_inflight: int | None = Field(
         default=None,

@@ -39,6 +39,7 @@ _GAUGES = (RUNNING, WAITING, KV_CACHE_USAGE)
 PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
 PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
+CACHE_CONFIG = "vllm:cache_config_info"  # an info gauge: the KV cache's size in its labels
 _STATS = (*_GAUGES, PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES, GENERATION_TOKENS)
 
 
@@ -68,6 +69,7 @@ class EngineStats:
     prefix_cache_hits: float | None
     prefix_cache_queries: float | None
     generation_tokens: float | None
+    kv_cache_tokens: int | None = None  # tokens the KV cache holds (all engines), if exported
 
     @property
     def prefix_cache_hit_rate(self) -> float | None:
@@ -97,7 +99,35 @@ def parse_engine_stats(text: str) -> EngineStats:
         prefix_cache_hits=total(PREFIX_CACHE_HITS),
         prefix_cache_queries=total(PREFIX_CACHE_QUERIES),
         generation_tokens=total(GENERATION_TOKENS),
+        kv_cache_tokens=_kv_cache_tokens(text),
     )
+
+
+def _kv_cache_tokens(text: str) -> int | None:
+    """The KV cache's size in tokens, from ``vllm:cache_config_info``'s labels
+    (``kv_cache_size_tokens``, else ``num_gpu_blocks`` x ``block_size``), summed over
+    engines; None when a server does not say."""
+    total = 0
+    try:
+        families = list(text_string_to_metric_families(_lines_of(text, (CACHE_CONFIG,))))
+    except ValueError:
+        return None
+    for family in families:
+        for sample in family.samples:
+            tokens = _int_label(sample.labels, "kv_cache_size_tokens")
+            if tokens is None:
+                blocks = _int_label(sample.labels, "num_gpu_blocks")
+                size = _int_label(sample.labels, "block_size")
+                tokens = blocks * size if blocks is not None and size is not None else None
+            if tokens is None:
+                return None
+            total += tokens
+    return total or None
+
+
+def _int_label(labels: dict[str, str], name: str) -> int | None:
+    value = labels.get(name, "")
+    return int(value) if value.isdigit() else None
 
 
 def _samples(text: str, names: tuple[str, ...]) -> dict[str, list[float]]:

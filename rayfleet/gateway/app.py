@@ -54,7 +54,7 @@ from rayfleet.gateway.openapi import OPENAPI_PATH, openapi_document
 from rayfleet.gateway.policies import Policies
 from rayfleet.gateway.replica_gauges import PERIOD_S, ReplicaGauges
 from rayfleet.gateway.replicas import Entry, ReplicaSet
-from rayfleet.gateway.routing import build_replica_policy
+from rayfleet.gateway.routing import build_replica_policy, size_index
 from rayfleet.gateway.upstream import TimeLimits
 from rayfleet.gateway.validate import INPUT_FIELDS, parse_request
 
@@ -97,7 +97,12 @@ class Gateway:
         # Each replica's vLLM gauges on our /metrics (None: not read).
         self.replica_gauges = (
             ReplicaGauges(
-                self.replica_set, self.metrics.registry, period_s=replica_metrics_period_s
+                self.replica_set,
+                self.metrics.registry,
+                period_s=replica_metrics_period_s,
+                on_stats=lambda r, s: size_index(
+                    self.dispatcher.replica_policies.get(r.model), r, s
+                ),
             )
             if replica_metrics_period_s is not None
             else None

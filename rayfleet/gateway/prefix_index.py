@@ -3,6 +3,7 @@
     lead, rest = prompt_parts(path, body)   # the prompt as the engine sees it, prefix-stable
     hashes = BlockHasher(64).hashes(lead, rest)  # one chained hash per whole block of 64 chars
     index = PrefixIndex(capacity_blocks=16384)
+    index.size(replica_id, 4096)            # its KV cache holds about 4,096 blocks (vLLM says)
     tables = index.tables_of(replicas, now) # each replica's blocks; a restarted one empty
     held = held_prefix(tables[i], hashes)   # leading blocks of the prompt replica i holds
     index.record(tables[i], hashes, held)   # learn on send
@@ -24,7 +25,9 @@ blocks of one prompt, learnt together, aligned on multiples of 64 from the promp
 Segments are kept least recently used first. Recording a prompt adds segments for the blocks
 past its held prefix, last first, then makes the held blocks' segments the most recent, last
 first: one lookup per segment, walking back from the prefix's last block to the start of
-its segment. Past ``capacity_blocks`` the least recently used segment goes whole. Whenever a
+its segment. Past the table's capacity (``capacity_blocks``, or less once ``size`` has told
+the index what the replica's KV cache holds) the least recently used segment goes whole.
+Whenever a
 block is learnt or used, so is every block before it, in a segment at least as recent: a
 replica's blocks of any prompt form a prefix, a prompt's tail goes before its head (as vLLM
 frees the tail of a sequence first), and ``held_prefix`` finds the prefix by binary search
@@ -165,11 +168,12 @@ class Segment:
 class BlockTable(dict[int, Segment]):
     """One replica's blocks: hash -> its segment, with the segments least recently used first."""
 
-    __slots__ = ("segments",)
+    __slots__ = ("capacity", "segments")
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
         super().__init__()
         self.segments: dict[Segment, None] = {}
+        self.capacity = capacity  # blocks at most; None: the index's capacity_blocks
 
 
 def held_prefix(blocks: Container[int], hashes: Sequence[int], guess: int = 1) -> int:
@@ -217,6 +221,7 @@ class PrefixIndex:
         self.capacity_blocks = capacity_blocks
         self._segment_blocks = max(1, min(_SEGMENT_BLOCKS, capacity_blocks // 4))
         self._holders: dict[str, _Holder] = {}  # by replica id
+        self._sized: dict[str, int] = {}  # by replica id: its own bound, once known (size)
         self._swept_at = 0.0
         # The last candidate list, its holders and tables, and when it was last named.
         self._named: list[Replica] = []
@@ -253,13 +258,26 @@ class PrefixIndex:
         if known is not None and (known.url, known.pid) == (replica.url, replica.pid):
             known.replica = replica  # the same server, in a Replica object of its own
             return known
-        holder = _Holder(replica, replica.url, replica.pid, 0.0)
+        table = BlockTable(self._sized.get(replica.replica_id))
+        holder = _Holder(replica, replica.url, replica.pid, 0.0, table)
         self._holders[replica.replica_id] = holder
         return holder
+
+    def size(self, replica_id: str, num_blocks: int) -> None:
+        """Bound a replica's table to ``num_blocks`` (what its KV cache holds), never above
+        ``capacity_blocks``; the least recently used segments over it go now."""
+        bound = max(1, min(num_blocks, self.capacity_blocks))
+        self._sized[replica_id] = bound
+        holder = self._holders.get(replica_id)
+        if holder is not None:
+            holder.blocks.capacity = bound
+            while len(holder.blocks) > bound:
+                self._evict(holder.blocks)
 
     def forget(self, replica_id: str) -> None:
         """Drop everything known of a replica (it left or restarted)."""
         self._holders.pop(replica_id, None)
+        self._sized.pop(replica_id, None)
         self._named = []
 
     def sweep(self, now: float) -> None:
@@ -275,11 +293,12 @@ class PrefixIndex:
     # -- learning ---------------------------------------------------------------------
 
     def record(self, table: BlockTable, hashes: Sequence[int], held: int | None = None) -> None:
-        """Learn that the replica of ``table`` now holds every block of ``hashes`` (the
-        first ``capacity_blocks`` of a longer prompt); the least recently used go.
+        """Learn that the replica of ``table`` now holds every block of ``hashes`` (as many
+        as its capacity, of a longer prompt); the least recently used go.
         ``held``: ``held_prefix(table, hashes)``, when the caller has it already."""
-        if len(hashes) > self.capacity_blocks:
-            hashes = hashes[: self.capacity_blocks]
+        capacity = table.capacity or self.capacity_blocks
+        if len(hashes) > capacity:
+            hashes = hashes[:capacity]
         held = min(held_prefix(table, hashes) if held is None else held, len(hashes))
         segments = table.segments
         size = self._segment_blocks
@@ -296,7 +315,7 @@ class PrefixIndex:
             del segments[segment]
             segments[segment] = None  # the most recent
             at = min(segment.start, at) - 1
-        while len(table) > self.capacity_blocks:
+        while len(table) > capacity:
             self._evict(table)
 
     @staticmethod

@@ -24,8 +24,11 @@ replicas with 0-7 requests in flight that is about 6 of them; looking up all 64 
 comparing in a second pass cost about 30 us of a 60 us pick (benchmarks/prefix_pick.py).
 
 The index learns on send: the chosen replica is recorded as holding every whole block of
-the prompt. A replica whose url or pid changed (a restart) is forgotten and starts empty;
-one that no candidate list has named for a minute is forgotten too.
+the prompt, and remembers for each replica about as much as its KV cache holds
+(``size_index``, from vLLM's cache_config_info as the gateway reads each replica's
+/metrics; ``routing.index_blocks`` until then, and at most). A replica whose url or pid
+changed (a restart) is forgotten and starts empty; one that no candidate list has named
+for a minute is forgotten too.
 
 The policy checks itself: ``observe_usage`` gets the prompt tokens and the cached tokens
 a replica reported for a request it placed (vLLM's ``usage.prompt_tokens_details``, read
@@ -56,6 +59,7 @@ PickObserver = Callable[[Replica, int, int], None]
 # What a replica reported of a request the policy placed: prompt tokens, cached tokens.
 UsageCounter = Callable[[Replica, int, int], None]
 
+_CHARS_PER_TOKEN = 4  # of English text, for sizing the index from the KV cache's tokens
 _COST_EWMA_WEIGHT = 1 / 64  # the learned request cost follows about the last 64 requests
 _MIN_REQUEST_COST = 1.0
 
@@ -89,6 +93,13 @@ class PrefixRouting:
         self.num_prompt_blocks = 0
         self.num_realised_hit_tokens = 0
         self.num_realised_prompt_tokens = 0
+
+    def size_index(self, replica: Replica, kv_cache_tokens: int) -> None:
+        """Bound what the index remembers of ``replica`` to what its KV cache holds:
+        ``kv_cache_tokens`` (vLLM's cache_config_info) at about 4 characters a token, in
+        blocks of ``block_chars``; ``routing.index_blocks`` stays the upper bound."""
+        num_blocks = math.ceil(kv_cache_tokens * _CHARS_PER_TOKEN / self.block_chars)
+        self.index.size(replica.replica_id, num_blocks)
 
     @property
     def request_cost(self) -> float:

@@ -7,7 +7,8 @@ One scrape target then tells the whole story when Prometheus cannot reach the re
     task: await gauges.run()          every period_s:
         scrape_once()                 GET each registered replica's /metrics
                                       (load_signal.fetch_stats), at most max_concurrent
-                                      at a time, each within timeout_s
+                                      at a time, each within timeout_s; each reading
+                                      to on_stats (the gateway sizes its prefix index)
     GET /metrics -> collect()         the last readings of the replicas registered now
 
 Series (labels ``model``, ``replica``: the replica id, as the gateway's other
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import aiohttp
 from prometheus_client import CollectorRegistry
@@ -52,6 +53,7 @@ MAX_CONCURRENT = 8
 _LABELS = ("model", "replica")
 
 Key = tuple[str, str]  # (model, replica id)
+StatsObserver = Callable[[Replica, EngineStats], None]
 
 
 class ReplicaGauges:
@@ -65,8 +67,10 @@ class ReplicaGauges:
         period_s: float = PERIOD_S,
         timeout_s: float = TIMEOUT_S,
         max_concurrent: int = MAX_CONCURRENT,
+        on_stats: StatsObserver | None = None,
     ):
         self.replica_set = replica_set
+        self.on_stats = on_stats  # told each successful reading (the prefix index's sizes)
         self.period_s = period_s
         self.timeout_s = timeout_s
         self.max_concurrent = max_concurrent
@@ -96,6 +100,10 @@ class ReplicaGauges:
 
         stats = await asyncio.gather(*(read(r) for r in replicas))
         self.readings = {(r.model, r.replica_id): s for r, s in zip(replicas, stats, strict=True)}
+        if self.on_stats is not None:
+            for replica, reading in zip(replicas, stats, strict=True):
+                if reading is not None:
+                    self.on_stats(replica, reading)
         self._logged &= set(self.readings)
 
     async def _read(self, session: aiohttp.ClientSession, replica: Replica) -> EngineStats | None:

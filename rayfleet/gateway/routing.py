@@ -12,7 +12,9 @@ With ``metrics``, the policy is wrapped so that every pick's duration goes to
 ``rayfleet_replica_pick_seconds{model, policy}``; the prefix policy also counts the blocks
 it predicted cached and the blocks sent per replica, the tokens replicas reported cached
 (``observe_usage``, passed through ``TimedPolicy``), and its index size per replica is
-read when ``/metrics`` is scraped (``GatewayMetrics.before_render``).
+read when ``/metrics`` is scraped (``GatewayMetrics.before_render``). ``size_index``
+bounds the prefix policy's memory of a replica to its KV cache, from the replica's vLLM
+/metrics as replica_gauges.py reads them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable, Sequence
 from prometheus_client import Counter
 
 from rayfleet.config.routing import RoutingConfig
+from rayfleet.control.load_signal import EngineStats
 from rayfleet.gateway.least_load import LeastLoad
 from rayfleet.gateway.metrics import GatewayMetrics
 from rayfleet.gateway.prefix_routing import PickObserver, PrefixRouting, UsageCounter
@@ -32,6 +35,7 @@ from rayfleet.gateway.round_robin import RoundRobin
 from rayfleet.gateway.session_affinity import SessionAffinity
 
 Refresh = Callable[[], None]
+IndexSizer = Callable[[Replica, int], None]  # (replica, tokens its KV cache holds)
 
 
 def build_replica_policy(
@@ -63,14 +67,23 @@ class TimedPolicy:
     def __init__(self, policy: ReplicaPolicy, metrics: GatewayMetrics, model: str, name: str):
         self.policy = policy
         self._observe = metrics.pick_latency.labels(model, name).observe
-        # The wrapped policy's optional hook, found by Attempts under the same name.
+        # The wrapped policy's optional hooks, found under the same names.
         self.observe_usage: UsageObserver | None = getattr(policy, "observe_usage", None)
+        self.size_index: IndexSizer | None = getattr(policy, "size_index", None)
 
     def pick(self, request: RequestInfo, replicas: Sequence[Replica]) -> Replica | None:
         started = time.perf_counter()
         replica = self.policy.pick(request, replicas)
         self._observe(time.perf_counter() - started)
         return replica
+
+
+def size_index(policy: ReplicaPolicy | None, replica: Replica, stats: EngineStats) -> None:
+    """Bound a prefix policy's index of ``replica`` to the KV cache its vLLM reports; a
+    no-op for other policies and for a server that does not say."""
+    sizer: IndexSizer | None = getattr(policy, "size_index", None)
+    if sizer is not None and stats.kv_cache_tokens:
+        sizer(replica, stats.kv_cache_tokens)
 
 
 def _hit_counter(model: str, metrics: GatewayMetrics) -> PickObserver:

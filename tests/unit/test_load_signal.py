@@ -19,6 +19,7 @@ from rayfleet.control.load_signal import (
     LoadUnavailable,
     fetch_load,
     parse_engine_load,
+    parse_engine_stats,
 )
 
 METRICS = (Path(__file__).parent / "data" / "vllm_metrics.txt").read_text()
@@ -162,3 +163,15 @@ def test_fetch_load_times_out_as_load_unavailable():
             await runner.cleanup()
 
     assert asyncio.run(main()).startswith("http://127.0.0.1:")
+
+
+def test_the_kv_cache_size_comes_from_cache_config_info():
+    assert parse_engine_stats(METRICS).kv_cache_tokens == 1_048_576  # kv_cache_size_tokens
+    info = 'vllm:cache_config_info{block_size="16",engine="%d",num_gpu_blocks="%d"} 1.0\n'
+    blocks_only = METRICS.replace("vllm:cache_config_info{", "ignored{") + info % (0, 100)
+    assert parse_engine_stats(blocks_only).kv_cache_tokens == 1600  # num_gpu_blocks x block_size
+    two_engines = blocks_only + info % (1, 50)
+    assert parse_engine_stats(two_engines).kv_cache_tokens == 2400
+    assert (
+        parse_engine_stats(METRICS.replace("vllm:cache_config_info{", "x{")).kv_cache_tokens is None
+    )

@@ -166,3 +166,23 @@ def test_the_same_candidates_again_reuse_their_tables_and_count_as_seen():
     assert again[0] is tables[0] and again[1] is not tables[1] and not again[1]
     index.forget("r0")
     assert index.tables_of([fleet[0], restarted, fleet[2]], 131.0)[0] is not tables[0]
+
+
+def test_a_replica_sized_from_its_kv_cache_keeps_no_more_than_it_holds():
+    rng = random.Random(12)
+    index = PrefixIndex(capacity_blocks=1000)
+    small, large, late = (Replica(f"r{i}", "m", f"http://h:{i}", pid=i) for i in range(3))
+    index.size("r2", 50)  # told before the replica is first named: kept for it
+    t_small, t_large, t_late = index.tables_of([small, large, late], now=0.0)
+    for table in (t_small, t_large, t_late):
+        index.record(table, chain(rng, 300))
+    assert [len(t) for t in (t_small, t_large, t_late)] == [300, 300, 50]
+
+    index.size("r0", 120)  # learnt later: over the bound goes now, least recent first
+    assert len(t_small) == num_listed(t_small) <= 120
+    head = chain(rng, 100)
+    index.record(t_small, head)
+    assert held_prefix(t_small, head) == 100 and len(t_small) <= 120
+    index.size("r1", 10**9)  # never above the index's own bound
+    index.record(t_large, chain(rng, 2000))
+    assert len(t_large) == 1000

@@ -253,3 +253,13 @@ def test_no_candidates_declines_and_short_prompts_still_pick(n):
     fleet = replicas(n)
     picked = policy.pick(chat([{"role": "user", "content": "hi"}]), fleet)
     assert picked is (fleet[0] if fleet else None)
+
+
+def test_the_index_is_sized_from_the_kv_cache_tokens_vllm_reports():
+    policy = prefix_policy(block_chars=64, index_blocks=4096)
+    (replica,) = replicas(1)
+    policy.size_index(replica, 1600)  # 1,600 tokens at 4 characters: 100 blocks of 64
+    (table,) = policy.index.tables_of([replica], now=0.0)
+    assert table.capacity == 100
+    policy.size_index(replica, 10**7)
+    assert table.capacity == 4096

@@ -17,9 +17,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rayfleet.config.routing import RoutingConfig
 from rayfleet.gateway.app import Gateway, start_gateway
+from rayfleet.gateway.policies import Policies
+from rayfleet.gateway.prefix_routing import PrefixRouting
 from rayfleet.gateway.replica_gauges import ReplicaGauges
 from rayfleet.gateway.replicas import ReplicaSet
+from rayfleet.gateway.routing import TimedPolicy
 
 VLLM_METRICS = (Path(__file__).parent / "data" / "vllm_metrics.txt").read_text()
 # The captured text's own values: running 6, waiting 0, KV 0.000733, prefix cache 0 hits
@@ -236,5 +240,36 @@ def test_the_gateway_republishes_while_a_replica_hangs():
             await runner.cleanup()
             await good.stop()
             await stuck.stop()
+
+    asyncio.run(main())
+
+
+def test_the_gateway_sizes_its_prefix_index_from_each_replicas_kv_cache():
+    """The captured text's cache_config_info says 1,048,576 tokens: at 4 characters a
+    token that is 65,536 blocks of 64, under this index's own bound of 100,000."""
+
+    async def main() -> None:
+        replica = await FakeReplica().start()
+
+        async def source():
+            return [entry("a", "tiny", replica.url)]
+
+        policies = Policies.plain(["tiny"])
+        policies.routing = {"tiny": RoutingConfig(policy="prefix", index_blocks=100_000)}
+        gateway = Gateway(["tiny"], source, policies=policies, replica_metrics_period_s=0.1)
+        runner = await start_gateway(gateway, "127.0.0.1", 0)
+        timed = gateway.dispatcher.replica_policies["tiny"]
+        assert isinstance(timed, TimedPolicy) and isinstance(timed.policy, PrefixRouting)
+        index = timed.policy.index
+        try:
+            while not gateway.replica_set.replicas() or ("tiny", "a") not in (
+                gateway.replica_gauges.readings if gateway.replica_gauges else {}
+            ):
+                await asyncio.sleep(0.05)
+            (table,) = index.tables_of(gateway.replica_set.replicas(), now=0.0)
+            assert table.capacity == 65_536
+        finally:
+            await runner.cleanup()
+            await replica.stop()
 
     asyncio.run(main())
