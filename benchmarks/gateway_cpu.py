@@ -33,7 +33,8 @@ from rayfleet.models import make_tiny
 
 GATEWAY_APP = """
 import asyncio, sys, uvloop
-from rayfleet.gateway.app import Gateway, start_gateway
+from rayfleet.gateway.app import Gateway
+from rayfleet.gateway.server import start_gateway
 url, port, relay = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "relay"
 
 async def source():

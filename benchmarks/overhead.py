@@ -213,7 +213,8 @@ TARGET_OPTIONS = {"rayfleet+policies": {"model": "chat", "api_key": POLICY_KEY}}
 POLICY_GATEWAY_APP = """
 import sys, asyncio, uvloop
 from rayfleet.config import parse_fleet
-from rayfleet.gateway.app import Gateway, start_gateway
+from rayfleet.gateway.app import Gateway
+from rayfleet.gateway.server import start_gateway
 from rayfleet.gateway.auth import hash_key
 from rayfleet.gateway.policies import Policies
 replica_url, port, model, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]

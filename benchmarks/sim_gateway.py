@@ -74,8 +74,9 @@ def _serve(urls: list[str], model: str, policy: str) -> None:
     import uvloop
 
     from rayfleet.config import RoutingConfig
-    from rayfleet.gateway.app import Gateway, start_gateway
+    from rayfleet.gateway.app import Gateway
     from rayfleet.gateway.policies import Policies
+    from rayfleet.gateway.server import start_gateway
 
     entries = [
         {"replica_id": f"r{i}", "model": model, "url": url, "pid": i + 1}

@@ -104,7 +104,7 @@ class FleetProcess:
 
     async def _main(self) -> None:
         from rayfleet.gateway.access_log import close_access_log, open_access_log
-        from rayfleet.gateway.app import listen, start_gateway
+        from rayfleet.gateway.server import listen, start_gateway
 
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()

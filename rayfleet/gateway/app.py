@@ -24,7 +24,7 @@ Endpoints: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``,
 task of their own: replica_gauges.py) and ``/rayfleet/status``.
 Every response carries ``x-rayfleet-replica``: the replica that served it,
 ``fallback:<provider>``, or ``gateway`` when the gateway answered itself.
-Serve it with ``start_gateway``: a client that goes away cancels its handler
+Serve it with server.py's ``start_gateway``: a client that goes away cancels its handler
 (aiohttp's ``handler_cancellation``), which aborts the upstream request.
 """
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -45,7 +44,6 @@ from rayfleet.gateway.dispatch import Dispatcher
 from rayfleet.gateway.errors import GATEWAY_REPLICA, REPLICA_HEADER, RequestError
 from rayfleet.gateway.http_errors import (
     IDLE_TIMEOUT_S,
-    GatewayRunner,
     json_http_errors,
     read_body,
 )
@@ -337,38 +335,3 @@ class Gateway:
     def _usable(self, model: str) -> bool:
         """Whether a route may send a request to ``model`` now."""
         return bool(self.replica_set.candidates(model))
-
-
-def listen(host: str, port: int) -> socket.socket:
-    """The gateway's listening socket, bound now: a fleet binds it before Ray starts, whose
-    processes take ports of their own; a busy port is a clear RayfleetError."""
-    from rayfleet.errors import RayfleetError
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        return socket.create_server((host, port), family=family, backlog=1024)
-    except OSError as exc:
-        raise RayfleetError(
-            f"gateway cannot listen on {host}:{port} ({exc.strerror}); "
-            "pass another --port or stop what uses it"
-        ) from None
-
-
-async def start_gateway(
-    gateway: Gateway, host: str, port: int, sock: socket.socket | None = None
-) -> web.AppRunner:
-    """Serve ``gateway`` on ``sock`` (from ``listen``), or on host:port."""
-    runner = GatewayRunner(
-        gateway.build_app(),
-        handler_cancellation=True,
-        access_log=None,
-        keepalive_timeout=gateway.idle_timeout_s,
-    )
-    await runner.setup()
-    try:
-        site = web.SockSite(runner, sock or listen(host, port), backlog=1024)
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    return runner

@@ -30,9 +30,10 @@ import requests
 from rayfleet.config import parse_fleet
 from rayfleet.control.engine import free_port
 from rayfleet.control.state import RunState
-from rayfleet.gateway.app import Gateway, start_gateway
+from rayfleet.gateway.app import Gateway
 from rayfleet.gateway.auth import hash_key
 from rayfleet.gateway.policies import Policies
+from rayfleet.gateway.server import start_gateway
 from tests.integration.fleet import engine_gauge, serving_engine
 
 pytestmark = pytest.mark.integration

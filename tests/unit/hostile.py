@@ -20,8 +20,9 @@ from typing import Any
 
 from aiohttp import web
 
-from rayfleet.gateway.app import Gateway, start_gateway
+from rayfleet.gateway.app import Gateway
 from rayfleet.gateway.policies import Policies
+from rayfleet.gateway.server import start_gateway
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 

@@ -21,7 +21,8 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from rayfleet.gateway.access_log import close_access_log, open_access_log
-from rayfleet.gateway.app import Gateway, start_gateway
+from rayfleet.gateway.app import Gateway
+from rayfleet.gateway.server import start_gateway
 
 PROMPT = "the secret prompt text"
 USAGE = {"prompt_tokens": 5, "total_tokens": 12, "completion_tokens": 7}

@@ -9,7 +9,8 @@ from typing import Any
 
 import aiohttp
 
-from rayfleet.gateway.app import Gateway, start_gateway
+from rayfleet.gateway.app import Gateway
+from rayfleet.gateway.server import start_gateway
 
 
 def health(hold_s: dict[str, float]) -> tuple[int, dict[str, Any]]:

@@ -17,8 +17,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from rayfleet.gateway.app import Gateway, start_gateway
+from rayfleet.gateway.app import Gateway
 from rayfleet.gateway.relay_pool import RelayPool
+from rayfleet.gateway.server import start_gateway
 from rayfleet.gateway.upstream import TimeLimits, UpstreamConnectError
 
 BODY = {"model": "m", "prompt": "hi", "stream": True}

@@ -18,12 +18,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rayfleet.config.routing import RoutingConfig
-from rayfleet.gateway.app import Gateway, start_gateway
+from rayfleet.gateway.app import Gateway
 from rayfleet.gateway.policies import Policies
 from rayfleet.gateway.prefix_routing import PrefixRouting
 from rayfleet.gateway.replica_gauges import ReplicaGauges
 from rayfleet.gateway.replicas import ReplicaSet
 from rayfleet.gateway.routing import TimedPolicy
+from rayfleet.gateway.server import start_gateway
 
 VLLM_METRICS = (Path(__file__).parent / "data" / "vllm_metrics.txt").read_text()
 # The captured text's own values: running 6, waiting 0, KV 0.000733, prefix cache 0 hits

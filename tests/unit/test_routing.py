@@ -14,7 +14,7 @@ from openai import AsyncOpenAI
 from rayfleet.bench.simulator import SimulatorThread
 from rayfleet.config import RoutingConfig, parse_fleet
 from rayfleet.errors import ConfigError
-from rayfleet.gateway.app import Gateway, start_gateway
+from rayfleet.gateway.app import Gateway
 from rayfleet.gateway.errors import REPLICA_HEADER
 from rayfleet.gateway.least_load import LeastLoad
 from rayfleet.gateway.metrics import GatewayMetrics
@@ -24,6 +24,7 @@ from rayfleet.gateway.replica_policy import RequestInfo
 from rayfleet.gateway.replicas import Replica
 from rayfleet.gateway.round_robin import RoundRobin
 from rayfleet.gateway.routing import TimedPolicy, build_replica_policy
+from rayfleet.gateway.server import start_gateway
 from rayfleet.gateway.session_affinity import SessionAffinity
 
 
