@@ -27,11 +27,11 @@ past its held prefix, last first, then makes the held blocks' segments the most 
 first: one lookup per segment, walking back from the prefix's last block to the start of
 its segment. Past the table's capacity (``capacity_blocks``, or less once ``size`` has told
 the index what the replica's KV cache holds) the least recently used segment goes whole.
-Whenever a
-block is learnt or used, so is every block before it, in a segment at least as recent: a
-replica's blocks of any prompt form a prefix, a prompt's tail goes before its head (as vLLM
-frees the tail of a sequence first), and ``held_prefix`` finds the prefix by binary search
-(one lookup for a replica without the first block, about log2(blocks) for one with it).
+Whenever a block is learnt or used, so is every block before it, in a segment at least as
+recent: a replica's blocks of any prompt form a prefix, a prompt's tail goes before its head
+(as vLLM frees the tail of a sequence first), and ``held_prefix`` finds the prefix by
+binary search (one lookup for a replica without the first block, about log2(blocks) for one
+with it).
 
 Measured by benchmarks/prefix_pick.py on the 2-core development machine (8 KB prompts, 64
 replicas, 100k blocks), as the design stands against the one before it, an LRU dict per
