@@ -1,8 +1,7 @@
 """Real fleets and real vLLM servers for integration tests, and waiting on them.
 
-- ``running_fleet(home, models)``: `rayfleet up` in a private RAYFLEET_HOME, as a child
-  in the test's session (``start_up_in_session`` says why), `rayfleet down` (and a kill)
-  on exit. The one fleet factory: tests/conftest.py's
+- ``running_fleet(home, models)``: `rayfleet up --detach` in a private RAYFLEET_HOME,
+  `rayfleet down` (and a kill) on exit. The one fleet factory: tests/conftest.py's
   module-scoped ``fleet`` and ``client`` fixtures are built on it (a test module says
   which models with a ``fleet_models`` fixture), and a test that stops its fleet starts
   one of its own with it.
@@ -30,7 +29,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
@@ -39,6 +37,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import openai
+import psutil
 import yaml
 
 from rayfleet.control.engine import EngineProcess, free_port
@@ -158,59 +157,21 @@ def running_fleet(
     cluster: Mapping[str, Any] | None = None,
     gateway: Mapping[str, Any] | None = None,
 ) -> Iterator[RunningFleet]:
-    """A fleet of ``models`` started in ``home`` (on the embedded Ray, or on
+    """A fleet of ``models`` started detached in ``home`` (on the embedded Ray, or on
     ``cluster``: fleet.yaml's cluster section; ``gateway``: its gateway section, the port
     chosen here); stopped on exit if still up."""
     port = free_port()
     config_path = write_config(home, models, port, cluster, gateway)
     fleet = RunningFleet(home=home, port=port, config_path=config_path)
-    up = start_up_in_session(fleet)
+    fleet.cli("up", "-c", str(fleet.config_path), "--detach", timeout_s=900)
     try:
         yield fleet
     finally:
         if fleet.state_file.exists():
+            pid = fleet.state()["pid"]
             fleet.cli("down", check=False)
-        up.kill()
-        up.wait()
-
-
-def start_up_in_session(fleet: RunningFleet, timeout_s: float = 900) -> subprocess.Popen[bytes]:
-    """`rayfleet up` as a child in the test's session (its own process group), once ready.
-
-    Not `up --detach`, whose fleet has a session of its own: with autogroup scheduling the
-    test process then gets the CPU share of one process against the whole fleet, and the
-    engines' busy polling starved it. Measured (benchmarks/abort_latency.py, README "A
-    client that leaves"): a read of vLLM's /metrics took 4-10 s from a test, 13 ms from
-    the fleet's session. A thread reaps the child as soon as it exits, as a detached
-    fleet's parent would, so that a stopped fleet is never left a zombie."""
-    log_path = fleet.home / "up.log"
-    with open(log_path, "ab") as log:
-        up = subprocess.Popen(
-            [*RAYFLEET, "up", "-c", str(fleet.config_path)],
-            env=fleet.env(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            process_group=0,
-        )
-    threading.Thread(target=up.wait, daemon=True).start()
-
-    def ready() -> bool:
-        if up.poll() is not None:
-            raise AssertionError(f"rayfleet up exited {up.returncode}:\n{log_path.read_text()}")
-        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
-            state = fleet.state()
-            return bool(state["pid"] == up.pid and state["phase"] == "ready")
-        return False
-
-    try:
-        if not wait_until(ready, timeout_s, poll_s=0.5):
-            raise AssertionError(f"rayfleet up not ready in {timeout_s:g} s; log: {log_path}")
-    except BaseException:
-        fleet.cli("down", check=False)
-        up.kill()
-        raise
-    return up
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).kill()
 
 
 @contextlib.contextmanager
