@@ -136,13 +136,19 @@ def _reset_priority() -> None:
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM the server if the process that started it dies."""
+    """Ask Linux to SIGKILL the server if the process that started it dies.
+
+    Not SIGTERM: on SIGTERM vLLM 0.32's server aborted its engine and then waited for its
+    open HTTP requests to end, and a non-streamed one never did. With its replica actor
+    killed, two such requests hung until the gateway's 600 s timeout (test_recovery). Killed,
+    the server resets its connections and the gateway retries them on another replica. Its
+    engine core and workers are in its process group, which the fleet stops by group."""
     with contextlib.suppress(Exception):
         import ctypes
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 class EngineProcess:
