@@ -35,8 +35,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleet_load import ENGINE_ARGS, MODEL, print_table, replica_urls, start_fleet, write_json
-from prometheus_client.parser import text_string_to_metric_families
 
+from rayfleet.control.load_signal import parse_engine_load
 from rayfleet.models.build import make_tiny
 
 GOAL_S = 1.0
@@ -65,15 +65,10 @@ def open_completion(port: int, max_tokens: int, stream: bool) -> socket.socket:
 
 
 def gauges(url: str) -> tuple[float, float]:
-    """vLLM's (running, waiting) requests, summed over label sets."""
+    """vLLM's (running, waiting) requests, read as the gateway reads them."""
     with urllib.request.urlopen(url + "/metrics", timeout=DEADLINE_S) as response:
-        text = response.read().decode()
-    found = {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in found:
-                found[sample.name] += sample.value
-    return found["vllm:num_requests_running"], found["vllm:num_requests_waiting"]
+        load = parse_engine_load(response.read().decode())
+    return load.running, load.waiting
 
 
 def wait_for(url: str, holds: Callable[[float, float], bool], what: str) -> tuple[float, float]:
