@@ -2,21 +2,28 @@
 
     .venv/bin/python benchmarks/routing.py [--replicas 8,64] [--rounds 1] [--out results/routing]
     .venv/bin/python benchmarks/routing.py --restart-only        # the restart case alone
+    .venv/bin/python benchmarks/routing.py --policies least_load,prefix,prefix:load_factor=1000
     flock /tmp/rayfleet-heavy.lock .venv/bin/python benchmarks/routing_vllm.py  # real vLLM
 
-For each fleet size, one ``rayfleet sim`` process serves the replicas (``SimFleetProcess``)
-with the tiny model's calibrated spec (benchmarks/data/tiny-sim-spec.json) whose step
-costs a, b, c are multiplied by ``--time-scale`` (a slower model, so that a fleet
-saturates at a request rate this machine's gateway and client keep up with) and whose KV
-capacity is ``--kv-fraction`` of the workload's shared prompts, so each replica holds a
-fraction of the working set. Each round restarts every replica (cold caches, counters at
-0), starts a fresh gateway process with the round's policy (sim_gateway.py), and sends
-the workload through it with ``rayfleet bench``'s runner at a Poisson rate; rounds
-alternate policies. Workloads (rayfleet.bench.workloads): shared-prefix (4 groups a
-replica x 8 prompts, 1024/64/32 tokens, in a random order, cycling), zipf with one
+For each fleet size, ``--sim-processes`` ``rayfleet sim`` processes (one by default)
+serve the replicas (``SimFleetProcess``) with the tiny model's calibrated spec
+(benchmarks/data/tiny-sim-spec.json) whose step costs a, b, c are multiplied by
+``--time-scale`` (a slower model, so that a fleet saturates at a request rate this
+machine's gateway and client keep up with) and whose KV capacity is ``--kv-fraction`` of
+the workload's shared prompts, so each replica holds a fraction of the working set. Each
+round restarts every replica (cold caches, counters at 0), starts a fresh gateway process
+with the round's policy (sim_gateway.py), and sends the workload through it with
+``rayfleet bench``'s runner (over ``--client-processes`` processes) at a Poisson rate;
+rounds alternate policies. Workloads (rayfleet.bench.workloads): shared-prefix (4 groups
+a replica x 8 prompts, 1024/64/32 tokens, in a random order, cycling), zipf with one
 dominant group (half the requests), and no-reuse, each ``--round-s`` seconds of requests
-at the fleet's ``--rate``; shared-prefix is also sent closed-loop at 24 in flight a
-replica (1.5 times as many requests) for saturation throughput.
+at the fleet's ``--rate``. Shared-prefix is also sent closed-loop at 24 in flight a
+replica for saturation throughput: ``SATURATION_WAVES`` times that many requests, so that
+the cold first wave is a small part of the round (1.5 times the Poisson rounds' count, as
+before, was 1.4 waves at 64 replicas: mostly the cold start, then replicas idle in the
+tail). ``--policies`` names a run's policies, each a name or a name with options
+(``prefix:load_factor=1000``, read by sim_gateway.py); the goal lines need least_load and
+prefix among them.
 
 Per policy: realised hit rate (prefix_cache_hits / queries, read from every replica's
 /simulator/stats), throughput, TTFT p50/p99 at the client, busy time max/mean across
@@ -29,12 +36,14 @@ Writes ``<out>.json`` and ``<out>.png`` (routing_plot.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +66,8 @@ MODEL = "sim"
 POLICIES = ("least_load", "round_robin", "prefix")
 SYSTEM_LEN, QUESTION_LEN, OUTPUT_LEN = 1024, 64, 32
 GROUPS_PER_REPLICA, PROMPTS_PER_GROUP = 4, 8
+SATURATION_CONCURRENCY = 24  # in flight a replica
+SATURATION_WAVES = 7  # requests of the saturation round: this many times the concurrency
 RESTART_WINDOW_S = 5.0
 
 
@@ -78,10 +89,12 @@ def scenarios(num_replicas: int, rate: float, round_s: float, seed: int) -> list
         return make_workload(spec, tokenizer=None)
 
     poisson = LoadShape(request_rate=rate, seed=seed)
-    saturation = LoadShape(max_concurrency=24 * num_replicas)
+    concurrency = SATURATION_CONCURRENCY * num_replicas
+    saturation = LoadShape(max_concurrency=concurrency)
+    num_saturation = SATURATION_WAVES * concurrency
     return [
         Scenario("shared-prefix", prompts("shared-prefix", shape), poisson),
-        Scenario("saturation", prompts("shared-prefix", shape, num_prompts * 3 // 2), saturation),
+        Scenario("saturation", prompts("shared-prefix", shape, num_saturation), saturation),
         Scenario("zipf-dominant", prompts("zipf", zipf), poisson),
         Scenario("no-reuse", prompts("no-reuse", shape), poisson),
     ]
@@ -127,11 +140,20 @@ def summarise(output: RunOutput, stats: list[dict]) -> dict:
     }
 
 
-def run_round(urls: list[str], policy: str, scenario: Scenario) -> dict:
+@contextlib.contextmanager
+def sim_fleet(spec: EngineSpec, num_replicas: int, num_processes: int) -> Iterator[list[str]]:
+    """The replicas' URLs, served by ``num_processes`` simulator processes."""
+    per_process = [len(range(i, num_replicas, num_processes)) for i in range(num_processes)]
+    with contextlib.ExitStack() as stack:
+        fleets = [stack.enter_context(SimFleetProcess(spec, n)) for n in per_process if n]
+        yield [url for fleet in fleets for url in fleet.urls]
+
+
+def run_round(urls: list[str], policy: str, scenario: Scenario, num_clients: int) -> dict:
     restart_all(urls)
     with GatewayProcess(urls, MODEL, policy) as gateway:
         target = Target(gateway.url, "/v1/completions", MODEL, request_timeout_s=300)
-        output = run_load(target, scenario.prompts, scenario.load)
+        output = run_load(target, scenario.prompts, scenario.load, num_processes=num_clients)
     return summarise(output, fleet_counts(urls))
 
 
@@ -139,16 +161,16 @@ def run_fleet(num_replicas: int, args: argparse.Namespace) -> dict[str, dict[str
     """Every scenario's rounds on one fleet size: {scenario: {policy: [round, ...]}}."""
     spec = fleet_spec(num_replicas, args.time_scale[num_replicas], args.kv_fraction)
     results: dict[str, dict[str, list[dict]]] = {}
-    with SimFleetProcess(spec, num_replicas) as fleet:
+    with sim_fleet(spec, num_replicas, args.sim_processes) as urls:
         for scenario in scenarios(num_replicas, args.rate[num_replicas], args.round_s, args.seed):
-            per_policy = results.setdefault(scenario.name, {p: [] for p in POLICIES})
+            per_policy = results.setdefault(scenario.name, {p: [] for p in args.policies})
             for round_ in range(args.rounds):
-                order = POLICIES if round_ % 2 == 0 else POLICIES[::-1]
+                order = args.policies if round_ % 2 == 0 else args.policies[::-1]
                 for policy in order:
-                    row = run_round(fleet.urls, policy, scenario)
+                    row = run_round(urls, policy, scenario, args.client_processes)
                     per_policy[policy].append(row)
                     print(
-                        f"{num_replicas:3d} replicas {scenario.name:14s} {policy:12s} "
+                        f"{num_replicas:3d} replicas {scenario.name:14s} {policy:22s} "
                         f"{json.dumps({k: round(v, 3) for k, v in row.items()})}",
                         flush=True,
                     )
@@ -164,16 +186,17 @@ def run_restart(num_replicas: int, args: argparse.Namespace) -> list[dict]:
     num_prompts = int(rate * args.restart_duration_s)
     prompts = [shared.prompts[i % len(shared.prompts)] for i in range(num_prompts)]
     windows: list[dict] = []
-    with SimFleetProcess(spec, num_replicas) as fleet:
-        restart_all(fleet.urls)
+    with sim_fleet(spec, num_replicas, args.sim_processes) as urls:
+        restart_all(urls)
         done = threading.Event()
         sampler = threading.Thread(
-            target=_sample_windows, args=(fleet.urls, args.restart_duration_s / 3, done, windows)
+            target=_sample_windows, args=(urls, args.restart_duration_s / 3, done, windows)
         )
-        with GatewayProcess(fleet.urls, MODEL, "prefix") as gateway:
+        with GatewayProcess(urls, MODEL, "prefix") as gateway:
             sampler.start()
             target = Target(gateway.url, "/v1/completions", MODEL, request_timeout_s=300)
-            run_load(target, prompts, LoadShape(request_rate=rate, seed=args.seed))
+            shape = LoadShape(request_rate=rate, seed=args.seed)
+            run_load(target, prompts, shape, num_processes=args.client_processes)
             done.set()
             sampler.join()
     return windows
@@ -213,6 +236,7 @@ def per_size(text: str, cast: type) -> dict[int, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--replicas", default="8,64")
+    parser.add_argument("--policies", default=",".join(POLICIES), type=lambda t: t.split(","))
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--time-scale", default="8:5,64:40", type=lambda t: per_size(t, float))
     parser.add_argument("--rate", default="8:45,64:70", type=lambda t: per_size(t, float))
@@ -221,6 +245,8 @@ def main() -> None:
     parser.add_argument("--restart-duration-s", type=float, default=60.0)
     parser.add_argument("--restart-only", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sim-processes", type=int, default=1)
+    parser.add_argument("--client-processes", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("results/routing"))
     args = parser.parse_args()
     sizes = [int(n) for n in args.replicas.split(",")]

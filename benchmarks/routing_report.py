@@ -23,7 +23,7 @@ def mean_row(rounds: list[dict]) -> dict[str, float]:
 def print_table(label: object, scenarios: dict[str, dict[str, list[dict]]]) -> None:
     print(f"\n{label} replicas: mean of rounds; (x) = ratio to least_load")
     print(
-        f"{'scenario':14s} {'policy':12s} {'hit':>11s} {'req/s':>13s} "
+        f"{'scenario':14s} {'policy':22s} {'hit':>11s} {'req/s':>13s} "
         f"{'TTFT p50 ms':>16s} {'TTFT p99 ms':>16s} {'busy max/mean':>13s}"
     )
     for scenario, per_policy in scenarios.items():
@@ -36,7 +36,7 @@ def print_table(label: object, scenarios: dict[str, dict[str, list[dict]]]) -> N
                 for c in COLUMNS
                 if c in row
             ]
-            print(f"{scenario:14s} {policy:12s} " + " ".join(f"{c:>15s}" for c in cells))
+            print(f"{scenario:14s} {policy:22s} " + " ".join(f"{c:>15s}" for c in cells))
 
 
 def _ratio(scenarios: dict, scenario: str, column: str, policy: str = "prefix") -> float:

@@ -8,8 +8,9 @@ gateway-capacity benchmarks), and the small readers those benchmarks share.
     python benchmarks/sim_gateway.py URLS_JSON MODEL POLICY   # prints the port, serves
 
 The gateway process takes the URLs as a static replica source (registry-style entries,
-``pid`` the replica's index) and the model's ``routing`` as ``RoutingConfig(policy=...)``;
-it runs on uvloop, as ``rayfleet up`` serves it, pinned to ``cpu`` when given.
+``pid`` the replica's index) and the model's ``routing`` from POLICY: a policy's name, or
+a name and options, ``prefix:load_factor=100,alpha=2`` (``routing_config``); it runs on
+uvloop, as ``rayfleet up`` serves it, pinned to ``cpu`` when given.
 """
 
 from __future__ import annotations
@@ -70,6 +71,17 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
     return total
 
 
+def routing_options(policy: str) -> dict[str, Any]:
+    """``"prefix:load_factor=100,alpha=2"`` -> the fields of a RoutingConfig (numbers as
+    numbers); a bare name has no options."""
+    name, _, options = policy.partition(":")
+    fields: dict[str, Any] = {"policy": name}
+    for item in filter(None, options.split(",")):
+        key, _, value = item.partition("=")
+        fields[key] = float(value) if value.replace(".", "", 1).isdigit() else value
+    return fields
+
+
 def _serve(urls: list[str], model: str, policy: str) -> None:
     import uvloop
 
@@ -88,7 +100,7 @@ def _serve(urls: list[str], model: str, policy: str) -> None:
 
     async def main() -> None:
         policies = Policies.plain([model])
-        policies.routing = {model: RoutingConfig(policy=policy)}  # type: ignore[arg-type]
+        policies.routing = {model: RoutingConfig(**routing_options(policy))}
         runner = await start_gateway(Gateway([model], source, policies=policies), "127.0.0.1", 0)
         print(runner.addresses[0][1], flush=True)
         stop = asyncio.Event()

@@ -19,6 +19,7 @@ chunk). ``PrefixRouting`` uses it to check its predictions; the others have none
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -42,3 +43,15 @@ class ReplicaPolicy(Protocol):
 
 # observe_usage(replica, request, prompt_tokens, cached_tokens), when a policy has it.
 UsageObserver = Callable[[Replica, RequestInfo, int, int], None]
+
+# Near idle the bound alone is 1 (with 8 replicas, until 6 are in flight): a session or a
+# prefix would leave its replica, and its cache, whenever that replica serves one other.
+_MIN_BOUND = 2
+
+
+def load_bound(replicas: Sequence[Replica], load_factor: float) -> int:
+    """The requests in flight a replica may have and still take one more, under bounded
+    loads: ``ceil((1 + load_factor) * (all in flight + 1) / len(replicas))``, at least 2.
+    It is above the mean, so some replica of ``replicas`` is always under it."""
+    total = sum(r.num_inflight for r in replicas)
+    return max(_MIN_BOUND, math.ceil((1 + load_factor) * (total + 1) / len(replicas)))

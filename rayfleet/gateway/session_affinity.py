@@ -21,18 +21,14 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import math
 from collections.abc import Mapping, Sequence
 
 from rayfleet.config.routing import RoutingConfig
 from rayfleet.gateway.least_load import LeastLoad
-from rayfleet.gateway.replica_policy import ReplicaPolicy, RequestInfo
+from rayfleet.gateway.replica_policy import ReplicaPolicy, RequestInfo, load_bound
 from rayfleet.gateway.replicas import Replica
 
 _POINTS_PER_REPLICA = 64  # spreads keys evenly within a few percent at 8 replicas and more
-# Near idle, the bound alone is 1 (with 8 replicas, until 6 are in flight): a conversation
-# would leave its replica, and its cache, whenever that replica serves one other request.
-_MIN_BOUND = 2
 
 
 def ring_hash(key: str) -> int:
@@ -51,7 +47,7 @@ class SessionAffinity:
         fallback: ReplicaPolicy | None = None,
     ):
         self.header = config.session_header
-        self.load_factor = config.load_factor
+        self.load_factor = config.bounded_load_factor
         self.fallback = fallback if fallback is not None else LeastLoad()
         self._on_ring: frozenset[str] = frozenset()
         self._points: list[int] = []
@@ -66,9 +62,7 @@ class SessionAffinity:
         by_id = {r.replica_id: r for r in replicas}
         if not self._on_ring.issuperset(by_id):
             self._build_ring(by_id)
-        total = sum(r.num_inflight for r in replicas)
-        bound = max(_MIN_BOUND, math.ceil((1 + self.load_factor) * (total + 1) / len(replicas)))
-        return self._walk(ring_hash(key), by_id, bound)
+        return self._walk(ring_hash(key), by_id, load_bound(replicas, self.load_factor))
 
     def _walk(self, point: int, by_id: Mapping[str, Replica], bound: int) -> Replica:
         """The first replica clockwise from ``point`` with fewer than ``bound`` in flight."""

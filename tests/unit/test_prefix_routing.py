@@ -3,6 +3,7 @@ trade-off, load spreading under one dominant prefix, and forgetting restarted re
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -115,7 +116,7 @@ def test_held_prefix_agrees_with_a_scan_whatever_the_guess():
 
 
 def test_a_cached_replica_wins_until_its_extra_load_outweighs_the_saved_prefill():
-    policy = prefix_policy(request_cost_blocks=10.0)
+    policy = prefix_policy(request_cost_blocks=10.0, load_factor=10.0)  # the cost alone
     fleet = replicas(2)
     system = {"role": "system", "content": words(5, 100 * BLOCK)}
     policy.pick(chat([system, {"role": "user", "content": "q0"}]), fleet[:1])  # r0 learns it
@@ -131,7 +132,8 @@ def test_a_cached_replica_wins_until_its_extra_load_outweighs_the_saved_prefill(
 
 def test_replicas_whose_queue_outweighs_the_best_are_skipped_without_changing_the_pick():
     """The pick skips looking up a replica whose queue alone costs more than the best so
-    far; its choice, ties and random draws included, is that of comparing every cost."""
+    far; its choice, ties and random draws included, is that of comparing the cost of
+    every replica under the load bound."""
     rng = random.Random(10)
     for trial in range(400):
         alpha = rng.choice((0.0, 0.5, 1.0, 2.5))
@@ -145,14 +147,18 @@ def test_replicas_whose_queue_outweighs_the_best_are_skipped_without_changing_th
         tables = [dict.fromkeys(hashes[: rng.randrange(0, len(hashes) + 1)]) for _ in fleet]
         for r in fleet:
             r.num_inflight = rng.randrange(4)
+        # Some replica is always under the bound (load_bound's promise).
+        bound = max(rng.randrange(1, 6), min(r.num_inflight for r in fleet) + 1)
         held = [held_prefix(t, hashes) for t in tables]
         costs = [
             alpha * (len(hashes) - h) + r.num_inflight * policy.request_cost
+            if r.num_inflight < bound
+            else math.inf
             for r, h in zip(fleet, held, strict=True)
         ]
         tied = [i for i, cost in enumerate(costs) if cost == min(costs)]
         chosen = tied[0] if len(tied) == 1 else random.Random(trial).choice(tied)
-        assert policy._cheapest(fleet, tables, hashes) == (chosen, held[chosen])
+        assert policy._cheapest(fleet, tables, hashes, bound) == (chosen, held[chosen])
 
 
 def test_ties_are_broken_at_random_and_replicas_over_the_hard_limit_skipped():
@@ -170,6 +176,21 @@ def test_ties_are_broken_at_random_and_replicas_over_the_hard_limit_skipped():
     for r in fleet:
         r.num_inflight = 3  # all at the limit: the cost decides again
     assert policy.pick(chat([system, {"role": "user", "content": "y"}]), fleet) is fleet[0]
+
+
+def test_a_cached_replica_over_the_load_bound_is_passed_over_however_cheap():
+    """Its prompt cached, a request costs about a block: by cost alone the holder of a
+    hot prefix would take five requests more than any other. The load bound stops it."""
+    system = {"role": "system", "content": words(9, 100 * BLOCK)}
+    request = chat([system, {"role": "user", "content": "again"}])
+    for load_factor, expected in ((0.25, "elsewhere"), (10.0, "r0")):
+        policy = prefix_policy(request_cost_blocks=1.0, load_factor=load_factor)
+        fleet = replicas(8)
+        policy.pick(chat([system]), fleet[:1])  # r0 holds the prompt's 100 blocks
+        fleet[0].num_inflight = 5  # bound: max(2, ceil(1.25 x 6 / 8)) = 2
+        chosen = policy.pick(request, fleet)
+        assert chosen is not None
+        assert (chosen.replica_id if chosen is fleet[0] else "elsewhere") == expected
 
 
 def test_one_dominant_prefix_spreads_without_a_hot_spot_and_keeps_its_hits():
@@ -207,7 +228,7 @@ def test_one_dominant_prefix_spreads_without_a_hot_spot_and_keeps_its_hits():
 
 
 def test_a_restarted_replica_is_forgotten_and_a_copy_of_the_same_is_not():
-    policy = prefix_policy()
+    policy = prefix_policy(load_factor=10.0)  # the cost alone
     fleet = replicas(2)
     request = chat([{"role": "system", "content": words(9, 40 * BLOCK)}])
     policy.pick(request, fleet[:1])

@@ -61,6 +61,11 @@ def fleet_with(routing: dict) -> dict:
             "models[0].routing: session_header is an option of policy 'session'",
         ),
         ({"policy": "session", "load_factor": 0}, "models[0].routing.load_factor: Input"),
+        (
+            {"policy": "round_robin", "load_factor": 1},
+            "models[0].routing: load_factor is an option of policy 'session' or 'prefix', "
+            "but policy is 'round_robin'; remove load_factor or set policy: session",
+        ),
     ],
 )
 def test_bad_routing_is_one_line_naming_the_field(routing, expected):
@@ -210,3 +215,10 @@ def test_prefix_routing_through_the_gateway_keeps_a_shared_prompt_on_one_replica
     assert f'rayfleet_prefix_predicted_hit_blocks_total{{model="m",replica="{served[0]}"}}' in (
         metrics
     )
+
+
+def test_the_load_bound_defaults_per_policy_and_follows_a_set_factor():
+    assert RoutingConfig(policy="session").bounded_load_factor == 0.25
+    assert RoutingConfig(policy="prefix").bounded_load_factor == 1.0
+    assert RoutingConfig(policy="prefix", load_factor=0.5).bounded_load_factor == 0.5
+    assert PrefixRouting(RoutingConfig(policy="prefix")).load_factor == 1.0
