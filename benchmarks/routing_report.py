@@ -56,6 +56,9 @@ def goal_lines(report: dict) -> list[str]:
     lines = []
     for size, scenarios in report["fleets"].items():
         shared = scenarios["shared-prefix"]
+        if "prefix" not in shared or BASE not in shared:
+            lines.append(f"(no goals at {size} replicas: they set policy prefix against {BASE})")
+            continue
         hit = mean_row(shared["prefix"])["hit_rate"]
         hit_x = _ratio(scenarios, "shared-prefix", "hit_rate")
         lines.append(_line(hit >= 0.7, f"{size} replicas: prefix hit rate {hit:.2f} >= 0.70"))
@@ -108,12 +111,13 @@ def save_plot(report: dict, path: Path) -> None:
         for scenario, per_policy in scenarios.items()
         if scenario != "saturation"
     ]
-    policies = list(groups[0][2])
+    policies = list(dict.fromkeys(policy for group in groups for policy in group[2]))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     width = 0.8 / len(policies)
+    missing = {"hit_rate": math.nan, "ttft_p50_ms": math.nan}  # a policy a fleet did not run
     for k, policy in enumerate(policies):
         xs = [i + k * width for i in range(len(groups))]
-        rows = [mean_row(g[2][policy]) for g in groups]
+        rows = [mean_row(g[2][policy]) if policy in g[2] else missing for g in groups]
         axes[0].bar(xs, [r["hit_rate"] for r in rows], width, label=policy)
         axes[1].bar(xs, [r["ttft_p50_ms"] for r in rows], width, label=policy)
     labels = [f"{size}\n{scenario}" for size, scenario, _ in groups]
