@@ -145,6 +145,12 @@ def main() -> None:
     parser.add_argument("--round-s", type=float, default=40.0, help="seconds of requests a round")
     parser.add_argument("--kv-fraction", type=float, default=0.6)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        type=lambda t: t.split(","),
+        help="policies, each a name or a name with options: prefix:load_factor=1000",
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/results/routing-vllm"))
     args = parser.parse_args()
 
@@ -152,7 +158,8 @@ def main() -> None:
     tokenizer = load_tokenizer(model)
     engine_args = {**ENGINE_ARGS, "num_gpu_blocks_override": kv_blocks(args.kv_fraction)}
     num_prompts = int(args.rate * args.round_s)
-    results: dict[str, dict[str, list[dict]]] = {s: {p: [] for p in POLICIES} for s in SCENARIOS}
+    policies = args.policies
+    results: dict[str, dict[str, list[dict]]] = {s: {p: [] for p in policies} for s in SCENARIOS}
     engines = [
         EngineProcess(model, MODEL, engine_args, env={"VLLM_SERVER_DEV_MODE": "1"})
         for _ in range(2)
@@ -166,12 +173,12 @@ def main() -> None:
         for round_ in range(args.rounds):
             for scenario in SCENARIOS:
                 prompts = workload(scenario, num_prompts, tokenizer, args.seed + round_)
-                order = POLICIES if round_ % 2 == 0 else POLICIES[::-1]
+                order = policies if round_ % 2 == 0 else policies[::-1]
                 for policy in order:
                     row = run_round(urls, policy, prompts, args.rate, args.seed + round_)
                     results[scenario][policy].append(row)
                     shown = {k: round(v, 3) for k, v in row.items()}
-                    print(f"round {round_} {scenario:13s} {policy:11s} {shown}", flush=True)
+                    print(f"round {round_} {scenario:13s} {policy:22s} {shown}", flush=True)
     finally:
         for engine in engines:
             engine.stop()
