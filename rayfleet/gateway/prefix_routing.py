@@ -25,9 +25,9 @@ fleet (8 replicas, one group taking half the requests) the holders' engine busy 
 (``load_bound``): a replica with ``ceil((1 + load_factor) * (all in flight + 1) /
 replicas)`` requests in flight, at least 2, is passed over; some replica is always under
 the bound. A hot prefix then spills to more replicas, each of which caches it once.
-``load_factor`` is 1.0 unless set: there the holders' busy time was 1.22-1.23x the mean
-at 8 and 64 replicas, and the fleet kept 0.90 of shared-prefix's hit rate (0.93 with no
-bound); at 0.25 busy time was 1.12x but the hit rate fell to 0.76.
+``load_factor`` is 1.0 unless set: there the holders' busy time was 1.20-1.28x the mean
+at 8 and 64 replicas, and shared-prefix's hit rate at 8 was 0.88-0.90 (0.93 with no
+bound); at 0.25 busy time was 1.10-1.12x but the hit rate fell to 0.76 (README).
 
 The pick is one pass over the candidates that looks up only the replicas whose queue alone
 (``num_inflight * request_cost``) costs no more than the best so far: the others cannot
