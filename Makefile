@@ -10,7 +10,7 @@ VENV ?= .venv
 ENGINE ?= cpu
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(ENGINE)
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=25
 
 .PHONY: up test install models lint clean
 
