@@ -16,6 +16,7 @@ uvloop, as ``rayfleet up`` serves it, pinned to ``cpu`` when given.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -78,8 +79,15 @@ def routing_options(policy: str) -> dict[str, Any]:
     fields: dict[str, Any] = {"policy": name}
     for item in filter(None, options.split(",")):
         key, _, value = item.partition("=")
-        fields[key] = float(value) if value.replace(".", "", 1).isdigit() else value
+        fields[key] = _number_or_text(value)
     return fields
+
+
+def _number_or_text(value: str) -> int | float | str:
+    for kind in (int, float):
+        with contextlib.suppress(ValueError):
+            return kind(value)
+    return value
 
 
 def _serve(urls: list[str], model: str, policy: str) -> None:
