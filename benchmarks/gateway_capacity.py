@@ -25,7 +25,6 @@ first at which the gateway achieves less than 95% of the offered rate.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -36,13 +35,12 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sim_gateway import GatewayProcess
+from sim_gateway import GatewayProcess, sim_fleets
 
 from rayfleet.bench.client import Target
 from rayfleet.bench.datasets import Prompt
 from rayfleet.bench.load import LoadShape
 from rayfleet.bench.runner import RunOutput, run_load
-from rayfleet.sim.fleet import SimFleetProcess
 from rayfleet.sim.spec import EngineSpec
 
 MODEL = "sim"
@@ -87,9 +85,7 @@ def cpu_s(pid: int) -> float:
 def measure(args: argparse.Namespace) -> list[dict]:
     gateway_cpu, sim_cpus, client_cpus = placement(args.sim_processes)
     rows = []
-    per_process = [len(part) for part in np.array_split(range(args.replicas), args.sim_processes)]
-    with contextlib.ExitStack() as stack:
-        fleets = [stack.enter_context(SimFleetProcess(ZERO_COST, n)) for n in per_process]
+    with sim_fleets(ZERO_COST, args.replicas, args.sim_processes) as fleets:
         for n, fleet in enumerate(fleets):
             if sim_cpus is not None and fleet.proc is not None:
                 os.sched_setaffinity(fleet.proc.pid, {sim_cpus[n]})

@@ -51,14 +51,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from routing_report import goal_lines, print_table, save_plot
-from sim_gateway import GatewayProcess, get_json
+from sim_gateway import GatewayProcess, get_json, sim_fleets
 
 from rayfleet.bench.client import Target
 from rayfleet.bench.datasets import DatasetSpec, Prompt, WorkloadShape
 from rayfleet.bench.load import LoadShape
 from rayfleet.bench.runner import RunOutput, run_load
 from rayfleet.bench.workloads import make_workload
-from rayfleet.sim.fleet import SimFleetProcess
 from rayfleet.sim.spec import EngineSpec, load_spec
 
 SPEC_FILE = Path(__file__).resolve().parent / "data" / "tiny-sim-spec.json"
@@ -143,9 +142,7 @@ def summarise(output: RunOutput, stats: list[dict]) -> dict:
 @contextlib.contextmanager
 def sim_fleet(spec: EngineSpec, num_replicas: int, num_processes: int) -> Iterator[list[str]]:
     """The replicas' URLs, served by ``num_processes`` simulator processes."""
-    per_process = [len(range(i, num_replicas, num_processes)) for i in range(num_processes)]
-    with contextlib.ExitStack() as stack:
-        fleets = [stack.enter_context(SimFleetProcess(spec, n)) for n in per_process if n]
+    with sim_fleets(spec, num_replicas, num_processes) as fleets:
         yield [url for fleet in fleets for url in fleet.urls]
 
 

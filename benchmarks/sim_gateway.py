@@ -5,11 +5,12 @@ gateway-capacity benchmarks), and the small readers those benchmarks share.
         gateway.url             # http://127.0.0.1:<port>, once /health answers
         gateway.pid             # for psutil's cpu_times
         gateway.metrics()       # its /metrics as text
+    with sim_fleets(spec, num_replicas=64, num_processes=4) as fleets: ...
     python benchmarks/sim_gateway.py URLS_JSON MODEL POLICY   # prints the port, serves
 
 The gateway process takes the URLs as a static replica source (registry-style entries,
 ``pid`` the replica's index) and the model's ``routing`` from POLICY: a policy's name, or
-a name and options, ``prefix:load_factor=100,alpha=2`` (``routing_config``); it runs on
+a name and options, ``prefix:load_factor=100,alpha=2`` (``routing_options``); it runs on
 uvloop, as ``rayfleet up`` serves it, pinned to ``cpu`` when given.
 """
 
@@ -23,7 +24,12 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rayfleet.sim.fleet import SimFleetProcess
+    from rayfleet.sim.spec import EngineSpec
 
 
 class GatewayProcess:
@@ -52,6 +58,19 @@ class GatewayProcess:
     def metrics(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as response:
             return str(response.read().decode())
+
+
+@contextlib.contextmanager
+def sim_fleets(
+    spec: EngineSpec, num_replicas: int, num_processes: int
+) -> Iterator[list[SimFleetProcess]]:
+    """``num_replicas`` simulated replicas spread over ``num_processes`` simulator
+    processes (the first ones one more where they do not divide), all stopped on exit."""
+    from rayfleet.sim.fleet import SimFleetProcess
+
+    per_process = [len(range(i, num_replicas, num_processes)) for i in range(num_processes)]
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(SimFleetProcess(spec, n)) for n in per_process if n]
 
 
 def get_json(url: str, method: str = "GET") -> Any:
