@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from rayfleet.gateway.app import via_local_socket
 from rayfleet.gateway.errors import openai_error
+from rayfleet.gateway.workers import FORWARDED_FOR
 
 if TYPE_CHECKING:
     from rayfleet.control.fleet import FleetProcess
@@ -54,7 +56,7 @@ def admin_routes(fleet: FleetProcess) -> list[Route]:
 
 
 async def _admin_body(request: web.Request) -> dict[str, Any] | web.Response:
-    if not _loopback(request.remote):
+    if not _loopback(client_address(request)):
         return _error(403, "admin endpoints answer only on the fleet's own machine")
     try:
         body = await request.json()
@@ -63,6 +65,14 @@ async def _admin_body(request: web.Request) -> dict[str, Any] | web.Response:
     if not isinstance(body, dict):
         return _error(400, "the body must be a JSON object")
     return body
+
+
+def client_address(request: web.Request) -> str | None:
+    """The client's address; for a request a gateway worker passed on over the local
+    socket (gateway.workers), the address the worker saw."""
+    if via_local_socket(request):
+        return request.headers.get(FORWARDED_FOR)
+    return request.remote
 
 
 def _loopback(remote: str | None) -> bool:

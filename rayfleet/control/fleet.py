@@ -11,7 +11,9 @@ started is gone. It keeps the run-state file (rayfleet/control/state.py) current
                          the FleetRegistry, then every model's application at once,
                          each replica's vLLM started with config.engine_args_for(model)
     gateway              aiohttp on config.gateway.host:port, polling the registry;
-                         one JSON line per request in <log dir>/access.log
+                         one JSON line per request in <log dir>/access.log; with
+                         gateway.workers above 1, that many worker processes serve
+                         the port and this one is their control (gateway/workers.py)
     wait_until_ready     progress per model until each has all its replicas, or a
                          clear error when Serve reports a deployment failed or Ray
                          still holds a replica's placement group back at
@@ -56,7 +58,8 @@ if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
     from rayfleet.control.registry import Entry
-    from rayfleet.gateway.app import Gateway
+    from rayfleet.gateway.app import EntrySource, Gateway
+    from rayfleet.gateway.workers import WorkerPool
 
 log = logging.getLogger("rayfleet.fleet")
 
@@ -88,6 +91,7 @@ class FleetProcess:
         self.apps = {m.name: m.name for m in config.models}  # model -> Serve application
         self.generation = 0  # of blue/green applications
         self.apply_lock = asyncio.Lock()
+        self.pool: WorkerPool | None = None  # gateway.workers above 1
         from rayfleet.gateway.policies import Policies
 
         # Key files and provider keys are read now, so a missing one fails before Ray starts.
@@ -111,10 +115,18 @@ class FleetProcess:
         self.state.save()
         access = open_access_log(self.access_log)  # one JSON line per request
         runner = None
+        listener = None
         scaling: asyncio.Task[None] | None = None
         try:
             # Bound before Ray starts: its processes take ports that were free a moment ago.
-            listener = listen(self.config.gateway.host, self.config.gateway.port)
+            # Under gateway.workers the workers listen; this process only holds the port.
+            workers = self.config.gateway.workers
+            listener = listen(
+                self.config.gateway.host,
+                self.config.gateway.port,
+                reuse_port=workers > 1,
+                accept=workers == 1,
+            )
             self.say(f"starting Ray ({self.config.cluster.address})")
             await asyncio.to_thread(connect_ray, self.config)
             self.node_ip = await asyncio.to_thread(_this_node_ip)
@@ -122,9 +134,14 @@ class FleetProcess:
                 loop.add_signal_handler(sig, stop.set)
             gateway = self._gateway()
             await self._start_replicas()
-            runner = await start_gateway(
-                gateway, self.config.gateway.host, self.config.gateway.port, listener
-            )
+            host, port = self.config.gateway.host, self.config.gateway.port
+            if self.pool is None:
+                runner = await start_gateway(gateway, host, port, listener)
+            else:
+                runner = await start_gateway(
+                    gateway, host, port, unix_path=self.pool.control_path, tcp=False
+                )
+                await self.pool.start(gateway)
             ready = asyncio.create_task(self._wait_until_ready(gateway))
             stopped = asyncio.create_task(stop.wait())
             done, _ = await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -148,6 +165,10 @@ class FleetProcess:
             self.state.save()
             if scaling is not None:
                 scaling.cancel()
+            if self.pool is not None:
+                await self.pool.stop()
+                if listener is not None:
+                    listener.close()  # the port it held for the workers
             if runner is not None:
                 await runner.cleanup()
             await asyncio.to_thread(self._shutdown)
@@ -169,15 +190,29 @@ class FleetProcess:
 
         config = self.config
         elastic = [m.name for m in config.models if m.autoscaling or m.schedules]
+        hold_s = {name: config.gateway.request_timeout_s for name in elastic}
+        routes = admin_routes(self)
+        source: EntrySource = self._entries
+        if config.gateway.workers > 1:
+            from rayfleet.gateway.workers import WorkerPool
+
+            self.pool = WorkerPool(
+                config,
+                hold_s=hold_s,
+                forwarded=[(method, path) for method, path, _ in routes],
+                access_log=self.access_log,
+            )
+            source = self.pool.slotted(source)
+            routes += self.pool.internal_routes()
         gateway = Gateway(
             [m.name for m in config.models],
-            self._entries,
+            source,
             connect_timeout_s=config.gateway.connect_timeout_s,
             request_timeout_s=config.gateway.request_timeout_s,
             status_extra=self._status,
             policies=self.policies,
-            hold_s={name: config.gateway.request_timeout_s for name in elastic},
-            extra_routes=admin_routes(self),
+            hold_s=hold_s,
+            extra_routes=routes,
         )
         clock = Clock.from_env()
         self.scaler = FleetScaler(config, gateway, self._set_target, clock, say=self.say)
@@ -194,6 +229,8 @@ class FleetProcess:
             if m.autoscaling or m.schedules
         }
         await self.gateway.reconfigure(models, policies, hold_s)
+        if self.pool is not None:
+            self.pool.reconfigure(config, hold_s)
 
     async def apply(self, text: str, *, dry_run: bool) -> ApplyResult:
         """`rayfleet apply`: the new file's diff, carried out unless ``dry_run``."""
@@ -214,6 +251,8 @@ class FleetProcess:
     async def _status(self) -> dict[str, Any]:
         status = await cluster_status()
         status["scaling"] = self.scaler.report()
+        if self.pool is not None:
+            status["gateway_workers"] = self.pool.report()
         return status
 
     async def _entries(self) -> list[Entry]:

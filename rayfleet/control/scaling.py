@@ -196,7 +196,7 @@ class FleetScaler:
         else:
             loads = await self._loads(model.name, session)
             inflight = sum(r.num_inflight for r in self.gateway.replica_set.replicas(model.name))
-            waiting = self.gateway.dispatcher.waiting.get(model.name, 0)
+            waiting = self.gateway.num_waiting(model.name)
             decision = scaler.decide(
                 self.clock.monotonic(), bounds, current, loads, inflight, waiting
             )

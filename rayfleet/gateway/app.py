@@ -60,6 +60,7 @@ log = logging.getLogger("rayfleet.gateway")
 
 EntrySource = Callable[[], Awaitable[list[Entry]]]
 StatusExtra = Callable[[], Awaitable[dict[str, Any]]]
+MetricsPeers = Callable[[], Awaitable[list[bytes]]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Route = tuple[str, str, Handler]  # (method, path, handler): the fleet's admin endpoints
 
@@ -84,6 +85,8 @@ class Gateway:
         replica_metrics_period_s: float | None = PERIOD_S,
         body_timeout_s: float = 60.0,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
+        control: Handler | None = None,
+        metrics_peers: MetricsPeers | None = None,
     ):
         self.policies = policies if policies is not None else Policies.plain(models)
         self.replica_set = ReplicaSet(
@@ -118,6 +121,12 @@ class Gateway:
             hold_s=hold_s,
         )
         self.extra_routes = list(extra_routes or [])
+        # gateway.workers (workers.py): a worker passes /metrics and /rayfleet/status
+        # asked over TCP to the fleet process (``control``), whose /metrics folds in
+        # every worker's (``metrics_peers``).
+        self.control = control
+        self.metrics_peers = metrics_peers
+        self.response_headers: dict[str, str] = {}  # on every answer (x-rayfleet-worker)
         self.source = source
         self.status_extra = status_extra
         self.poll_interval_s = poll_interval_s
@@ -146,9 +155,14 @@ class Gateway:
         app.router.add_get(OPENAPI_PATH, self.openapi)
         for method, path, handler in self.extra_routes:
             app.router.add_route(method, path, handler)
+        if self.response_headers:
+            app.on_response_prepare.append(self._stamp)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
+
+    async def _stamp(self, _request: web.Request, response: web.StreamResponse) -> None:
+        response.headers.update(self.response_headers)
 
     async def _start(self, _app: web.Application) -> None:
         await self.dispatcher.start()
@@ -267,18 +281,27 @@ class Gateway:
             headers={REPLICA_HEADER: GATEWAY_REPLICA},
         )
 
-    async def prometheus(self, request: web.Request) -> web.Response:
+    async def prometheus(self, request: web.Request) -> web.StreamResponse:
         refused = self._keyed(request, self.policies.open_metrics)
         if refused is not None:
             return refused
+        if self.control is not None and not via_local_socket(request):
+            return await self.control(request)
         # Here, not in metrics.before_render: render() is also called off the loop.
         self.metrics.asyncio_tasks.set(len(asyncio.all_tasks()))
+        body = self.metrics.render()
+        if self.metrics_peers is not None:
+            from rayfleet.gateway.metrics_merge import merge
+
+            body = merge(body, await self.metrics_peers())
         return web.Response(
-            body=self.metrics.render(),
+            body=body,
             headers={"Content-Type": "text/plain; version=0.0.4", REPLICA_HEADER: GATEWAY_REPLICA},
         )
 
-    async def status(self, _request: web.Request) -> web.Response:
+    async def status(self, request: web.Request) -> web.StreamResponse:
+        if self.control is not None and not via_local_socket(request):
+            return await self.control(request)
         now = time.monotonic()
         body: dict[str, Any] = {
             "models": {m: self.replica_set.num_healthy(m) for m in self.replica_set.models},
@@ -332,6 +355,21 @@ class Gateway:
                 close=True,  # refused before the body is read: do not read it
             )
 
+    def num_waiting(self, model: str) -> int:
+        """Requests held for ``model`` now, by this process or, under gateway.workers,
+        by every worker (the shared counts)."""
+        slot = self.replica_set.waiting_slots.get(model)
+        if self.replica_set.shared is not None and slot is not None:
+            return self.replica_set.shared.total(slot)
+        return self.dispatcher.waiting.get(model, 0)
+
     def _usable(self, model: str) -> bool:
         """Whether a route may send a request to ``model`` now."""
         return bool(self.replica_set.candidates(model))
+
+
+def via_local_socket(request: web.Request) -> bool:
+    """Whether ``request`` came over a Unix socket: the local socket by which the
+    processes of gateway.workers speak to each other, never a client's."""
+    transport = request.transport
+    return transport is not None and isinstance(transport.get_extra_info("sockname"), str)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableSequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from rayfleet.errors import ConfigError
 from rayfleet.gateway.errors import RequestError
@@ -23,6 +23,7 @@ from rayfleet.gateway.limits import KeyQuota
 
 if TYPE_CHECKING:
     from rayfleet.config import ApiKeyConfig
+    from rayfleet.gateway.shared_state import QuotaCells
 
 
 def hash_key(key: str) -> str:
@@ -39,6 +40,12 @@ def read_key_file(path: str) -> str:
     if not key:
         raise ConfigError(f"api key file {path} is empty; put the key on its first line")
     return key
+
+
+def _shared_cells(shared: QuotaCells | None, position: int) -> dict[str, Any]:
+    if shared is None:
+        return {}
+    return {"cells": cast(MutableSequence[float], shared.of_key(position)), "lock": shared.lock}
 
 
 @dataclass
@@ -71,9 +78,13 @@ class KeyTable:
         return bool(self._keys)
 
     @classmethod
-    def from_config(cls, configs: Iterable[ApiKeyConfig]) -> KeyTable:
+    def from_config(
+        cls, configs: Iterable[ApiKeyConfig], shared: QuotaCells | None = None
+    ) -> KeyTable:
+        """The keys of ``configs``; with ``shared``, their quotas in the cells the
+        gateway's worker processes share (shared_state.py), in the order of ``configs``."""
         keys = []
-        for c in configs:
+        for position, c in enumerate(configs):
             if c.key_sha256:
                 hashed = c.key_sha256
             elif c.key_file:
@@ -85,6 +96,7 @@ class KeyTable:
                 requests_per_minute=c.requests_per_minute,
                 tokens_per_minute=c.tokens_per_minute,
                 max_concurrent=c.max_concurrent,
+                **_shared_cells(shared, position),
             )
             models = frozenset(c.models) if c.models is not None else None
             keys.append(ApiKey(c.name, c.priority_class, models, quota, hashed))

@@ -163,10 +163,12 @@ class Dispatcher:
         ):
             return False
         self.waiting[model] = self.waiting.get(model, 0) + 1
+        self.replica_set.count_waiting(model, 1)
         try:
             return await self.replica_set.wait_for_candidates(model, hold_s)
         finally:
             self.waiting[model] -= 1
+            self.replica_set.count_waiting(model, -1)
 
     async def _unserved(self, journey: Journey, model: str, tried: list[str]) -> web.StreamResponse:
         """No replica answered: the fallback provider when allowed, else an error."""

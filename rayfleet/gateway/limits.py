@@ -9,7 +9,10 @@ wait. ``KeyQuota`` combines a key's request rate, token rate and concurrency.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import MutableSequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -127,20 +130,39 @@ def check_context(model: str, context: int, prompt_tokens: int, max_tokens: int 
 
 
 class TokenBucket:
-    """``capacity`` units, refilled at ``capacity`` per ``period_s``."""
+    """``capacity`` units, refilled at ``capacity`` per ``period_s``.
 
-    __slots__ = ("capacity", "level", "rate_per_s", "updated")
+    Its level and the time of that level are two cells of ``cells`` from ``at``: a list
+    of its own, or memory that the gateway's worker processes share (shared_state.py)."""
 
-    def __init__(self, capacity: float, period_s: float = 60.0, now: float = 0.0):
+    __slots__ = ("_at", "_cells", "capacity", "rate_per_s")
+
+    def __init__(
+        self,
+        capacity: float,
+        period_s: float = 60.0,
+        now: float = 0.0,
+        cells: MutableSequence[float] | None = None,
+        at: int = 0,
+    ):
         self.capacity = float(capacity)
         self.rate_per_s = capacity / period_s
-        self.level = float(capacity)
-        self.updated = now
+        self._cells: MutableSequence[float] = cells if cells is not None else [self.capacity, now]
+        self._at = at if cells is not None else 0
+
+    @property
+    def level(self) -> float:
+        return self._cells[self._at]
+
+    @property
+    def updated(self) -> float:
+        return self._cells[self._at + 1]
 
     def _refill(self, now: float) -> None:
-        if now > self.updated:
-            self.level = min(self.capacity, self.level + (now - self.updated) * self.rate_per_s)
-            self.updated = now
+        cells, at = self._cells, self._at
+        if now > cells[at + 1]:
+            cells[at] = min(self.capacity, cells[at] + (now - cells[at + 1]) * self.rate_per_s)
+            cells[at + 1] = now
 
     def wait_s(self, amount: float, now: float) -> float:
         """Seconds until ``amount`` can be taken (0: now; inf: never, it exceeds capacity)."""
@@ -153,12 +175,17 @@ class TokenBucket:
         """Take ``amount`` and return 0, or take nothing and return the seconds to wait."""
         wait = self.wait_s(amount, now)
         if wait == 0.0:
-            self.level -= amount
+            self._cells[self._at] -= amount
         return wait
 
 
 class KeyQuota:
-    """One API key's request rate, token rate and concurrency."""
+    """One API key's request rate, token rate and concurrency.
+
+    Alone, its state is its own. Under ``gateway.workers`` its state is the key's
+    ``KEY_CELLS`` shared cells (``cells``: request bucket, token bucket, requests in
+    flight), changed under ``lock``, the workers' one lock, so that every worker counts
+    against the same quota."""
 
     def __init__(
         self,
@@ -168,12 +195,23 @@ class KeyQuota:
         tokens_per_minute: int | None = None,
         max_concurrent: int | None = None,
         now: float = 0.0,
+        cells: MutableSequence[float] | None = None,
+        lock: AbstractContextManager[Any] | None = None,
     ):
         self.name = name
-        self.requests = TokenBucket(requests_per_minute, 60.0, now) if requests_per_minute else None
-        self.tokens = TokenBucket(tokens_per_minute, 60.0, now) if tokens_per_minute else None
+        self.requests = (
+            TokenBucket(requests_per_minute, 60.0, now, cells, 0) if requests_per_minute else None
+        )
+        self.tokens = (
+            TokenBucket(tokens_per_minute, 60.0, now, cells, 2) if tokens_per_minute else None
+        )
         self.max_concurrent = max_concurrent
-        self.num_inflight = 0
+        self._cells: MutableSequence[float] = cells if cells is not None else [0.0] * 5
+        self._lock = lock if lock is not None else contextlib.nullcontext()
+
+    @property
+    def num_inflight(self) -> int:
+        return int(self._cells[4])
 
     @property
     def counts_tokens(self) -> bool:
@@ -183,14 +221,19 @@ class KeyQuota:
         """Raise the 429 that ``admit`` would, when it needs no look at the body: the
         key's concurrency is full or its request rate spent. Takes nothing. A flooding
         key is refused before its body is read or parsed."""
-        self._check_concurrency()
-        if self.requests is not None:
-            wait = self.requests.wait_s(1, now)
-            if wait > 0:
-                raise self._over("requests per minute", wait, self.requests.capacity)
+        with self._lock:
+            self._check_concurrency()
+            if self.requests is not None:
+                wait = self.requests.wait_s(1, now)
+                if wait > 0:
+                    raise self._over("requests per minute", wait, self.requests.capacity)
 
     def admit(self, num_tokens: int, now: float) -> None:
         """Count one request in, or raise a 429 with the seconds to wait."""
+        with self._lock:
+            self._admit(num_tokens, now)
+
+    def _admit(self, num_tokens: int, now: float) -> None:
         self._check_concurrency()
         waits = []
         if self.requests is not None:
@@ -215,7 +258,7 @@ class KeyQuota:
             self.requests.take(1, now)
         if self.tokens is not None:
             self.tokens.take(num_tokens, now)
-        self.num_inflight += 1
+        self._cells[4] += 1
 
     def _check_concurrency(self) -> None:
         if self.max_concurrent is not None and self.num_inflight >= self.max_concurrent:
@@ -234,7 +277,8 @@ class KeyQuota:
         )
 
     def release(self) -> None:
-        self.num_inflight -= 1
+        with self._lock:
+            self._cells[4] -= 1
 
 
 def _rate_limited(message: str, wait_s: float, what: str) -> RequestError:

@@ -37,6 +37,7 @@ from rayfleet.gateway.validate import ParsedRequest
 
 if TYPE_CHECKING:
     from rayfleet.config import FleetConfig, RoutingConfig
+    from rayfleet.gateway.shared_state import QuotaCells
 
 Clock = Callable[[], datetime]
 Headers = Mapping[str, str]
@@ -152,9 +153,12 @@ class Policies:
         return cls(models=list(models), default_limits=Limits(check_context=False))
 
     @classmethod
-    def from_fleet(cls, fleet: FleetConfig, *, clock: Clock | None = None) -> Policies:
+    def from_fleet(
+        cls, fleet: FleetConfig, *, clock: Clock | None = None, quotas: QuotaCells | None = None
+    ) -> Policies:
         """Compile ``fleet.gateway`` against ``fleet.models``. Reads key files and provider
-        keys from the environment (ConfigError when missing); loads no tokenizer yet."""
+        keys from the environment (ConfigError when missing); loads no tokenizer yet.
+        ``quotas``: the keys' quota cells that the gateway's workers share."""
         gw = fleet.gateway
         models = [m.name for m in fleet.models]
         routes = {r.name: Route.from_config(r) for r in gw.routes}
@@ -169,7 +173,7 @@ class Policies:
                 contexts[m.name] = length
         policies = cls(
             models=models,
-            keys=KeyTable.from_config(gw.api_keys),
+            keys=KeyTable.from_config(gw.api_keys, quotas),
             limits=limits,
             default_limits=Limits.resolve(gw.limits),
             contexts=contexts,

@@ -249,6 +249,14 @@ class PrefixIndex:
         self._named_tables = [holder.blocks for holder in named]
         return self._named_tables
 
+    def table_of(self, replica: Replica) -> BlockTable:
+        """The block table of one replica (an empty one if first seen or restarted)."""
+        holder = self._holders.get(replica.replica_id)
+        if holder is None or holder.replica is not replica:
+            holder = self._admit(replica, holder)
+            self._named = []  # the cached candidate tables may name the one replaced
+        return holder.blocks
+
     def _note_named(self) -> None:
         """The replicas of the last candidate list were seen when it was last named."""
         for holder in self._named_holders:

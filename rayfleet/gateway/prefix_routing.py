@@ -42,6 +42,10 @@ the prompt, and remembers for each replica about as much as its KV cache holds
 changed (a restart) is forgotten and starts empty; one that no candidate list has named
 for a minute is forgotten too.
 
+Under ``gateway.workers`` each worker has its own index, and tells the others what each
+pick taught it (``on_learn``, ``learn_from_peer``; index_sharing.py), so every worker's
+index holds what the whole gateway sent.
+
 The policy checks itself: ``observe_usage`` gets the prompt tokens and the cached tokens
 a replica reported for a request it placed (vLLM's ``usage.prompt_tokens_details``, read
 by the gateway once the response ended), so that the realised hit rate stands next to the
@@ -106,6 +110,9 @@ class PrefixRouting:
         self.num_prompt_blocks = 0
         self.num_realised_hit_tokens = 0
         self.num_realised_prompt_tokens = 0
+        # Told what each pick taught the index: under gateway.workers, the other workers
+        # learn it too (index_sharing.py).
+        self.on_learn: Callable[[Replica, list[int]], None] | None = None
 
     def size_index(self, replica: Replica, kv_cache_tokens: int) -> None:
         """Bound what the index remembers of ``replica`` to what its KV cache holds:
@@ -131,6 +138,8 @@ class PrefixRouting:
         bound = load_bound(replicas, self.load_factor)
         i, held = self._cheapest(replicas, tables, hashes, bound)
         self.index.record(tables[i], hashes, held)
+        if self.on_learn is not None:
+            self.on_learn(replicas[i], hashes)
         self._learn(len(hashes) - held)
         self.index.sweep(now)
         self.num_predicted_hit_blocks += held
@@ -172,6 +181,10 @@ class PrefixRouting:
             elif cost == best:
                 tied.append((i, held))
         return tied[0] if len(tied) == 1 else self._rng.choice(tied)
+
+    def learn_from_peer(self, replica: Replica, hashes: Sequence[int]) -> None:
+        """What another worker of the gateway sent ``replica``: it holds ``hashes`` now."""
+        self.index.record(self.index.table_of(replica), hashes)
 
     def _learn(self, uncached_blocks: int) -> None:
         cost = max(float(uncached_blocks), _MIN_REQUEST_COST)

@@ -13,6 +13,9 @@ a row, so that a dead server is not picked again before the registry notices it;
 after the cool-down it is tried again, and one more failure sends it straight back
 (one success resets the count). A replica whose ``draining`` flag is set (its registry
 entry's ``state``) finishes what it has in flight and gets nothing new.
+Under ``gateway.workers`` each entry also names the replica's ``slot`` in the workers'
+shared counts: ``begin``/``end`` count there too, and ``refresh_shared`` sets each
+replica's ``num_inflight`` to the sum over every worker.
 ``wait_for_candidates(model, timeout_s)`` waits for a replica to send to, for requests
 the gateway holds while a model has no capacity (scale from zero, a window).
 """
@@ -24,7 +27,10 @@ import contextlib
 import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rayfleet.gateway.shared_state import SharedCounts
 
 Entry = dict[str, Any]
 
@@ -39,6 +45,7 @@ class Replica:
     pid: int = 0
     ranks: tuple[dict[str, Any], ...] = ()  # each node of an engine that spans nodes
     app: str = ""  # the Serve application it belongs to (two during a rollout)
+    slot: int = -1  # its column in the workers' shared counts (gateway.workers), or none
     num_inflight: int = 0
     num_consecutive_failures: int = 0
     cooldown_until: float = 0.0
@@ -75,6 +82,9 @@ class ReplicaSet:
         self._by_model: dict[str, list[Replica]] = {m: [] for m in self.models}
         self._by_id: dict[str, Replica] = {}
         self._updated = asyncio.Event()  # set (and replaced) by every update
+        # The workers' shared in-flight counts (shared_state.py), under gateway.workers.
+        self.shared: SharedCounts | None = None
+        self.waiting_slots: dict[str, int] = {}  # by model: its held requests' slot there
 
     def set_models(self, models: Iterable[str]) -> None:
         """Track ``models`` from now on; replicas of a model dropped are forgotten at the
@@ -101,6 +111,7 @@ class ReplicaSet:
                     pid=entry.get("pid", 0),
                     ranks=tuple(entry.get("ranks", ())),
                     app=entry.get("app", ""),
+                    slot=entry.get("slot", -1),
                 )
             # A leaving replica finishes what it has; the gateway sends it nothing new.
             fresh[entry["replica_id"]].draining = entry.get("state") == "draining"
@@ -165,13 +176,31 @@ class ReplicaSet:
             if r.healthy(now) is healthy and not r.draining and r.replica_id not in exclude
         ]
 
-    @staticmethod
-    def begin(replica: Replica) -> None:
+    def begin(self, replica: Replica) -> None:
         replica.num_inflight += 1
+        if self.shared is not None and replica.slot >= 0:
+            self.shared.add(replica.slot, 1)
 
-    @staticmethod
-    def end(replica: Replica) -> None:
+    def end(self, replica: Replica) -> None:
         replica.num_inflight -= 1
+        if self.shared is not None and replica.slot >= 0:
+            self.shared.add(replica.slot, -1)
+
+    def count_waiting(self, model: str, delta: int) -> None:
+        """A request held for ``model`` (+1) or no longer (-1), in the shared counts."""
+        slot = self.waiting_slots.get(model)
+        if self.shared is not None and slot is not None:
+            self.shared.add(slot, delta)
+
+    def refresh_shared(self) -> None:
+        """Every replica's in-flight count over all the gateway's workers, from the
+        shared counts (``gateway.workers``): what each policy weighs as its load."""
+        shared = self.shared
+        if shared is None:
+            return
+        for replica in self._by_id.values():
+            if replica.slot >= 0:
+                replica.num_inflight = shared.total(replica.slot)
 
     def succeeded(self, replica: Replica) -> None:
         replica.num_consecutive_failures = 0

@@ -21,14 +21,30 @@ from rayfleet.gateway.app import Gateway
 from rayfleet.gateway.http_errors import GatewayRunner
 
 
-def listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int, *, reuse_port: bool = False, accept: bool = True) -> socket.socket:
     """The gateway's listening socket, bound now: a fleet binds it before Ray starts, whose
-    processes take ports of their own; a busy port is a clear RayfleetError."""
+    processes take ports of their own; a busy port is a clear RayfleetError.
+
+    ``reuse_port``: with SO_REUSEPORT, so that several processes (gateway.workers) listen
+    on the port and the kernel spreads connections over them. ``accept=False``: bound
+    only, holding the port for the workers without taking any connection."""
     from rayfleet.errors import RayfleetError
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        return socket.create_server((host, port), family=family, backlog=1024)
+        if not reuse_port:
+            return socket.create_server((host, port), family=family, backlog=1024)
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, port))
+            if accept:
+                sock.listen(1024)
+        except OSError:
+            sock.close()
+            raise
+        return sock
     except OSError as exc:
         raise RayfleetError(
             f"gateway cannot listen on {host}:{port} ({exc.strerror}); "
@@ -37,9 +53,17 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 async def start_gateway(
-    gateway: Gateway, host: str, port: int, sock: socket.socket | None = None
+    gateway: Gateway,
+    host: str,
+    port: int,
+    sock: socket.socket | None = None,
+    *,
+    unix_path: str | None = None,
+    tcp: bool = True,
 ) -> web.AppRunner:
-    """Serve ``gateway`` on ``sock`` (from ``listen``), or on host:port."""
+    """Serve ``gateway`` on ``sock`` (from ``listen``), or on host:port; also on the Unix
+    socket ``unix_path`` when given (the local socket of gateway.workers), and only
+    there when ``tcp`` is false."""
     runner = GatewayRunner(
         gateway.build_app(),
         handler_cancellation=True,
@@ -48,8 +72,10 @@ async def start_gateway(
     )
     await runner.setup()
     try:
-        site = web.SockSite(runner, sock or listen(host, port), backlog=1024)
-        await site.start()
+        if tcp:
+            await web.SockSite(runner, sock or listen(host, port), backlog=1024).start()
+        if unix_path is not None:
+            await web.UnixSite(runner, unix_path).start()
     except BaseException:
         await runner.cleanup()
         raise

@@ -1,0 +1,356 @@
+"""``gateway.workers: N``: N gateway processes serving one port, one fleet behind them.
+
+One gateway process saturates its core near 3,500 requests a second (README). With
+``workers`` above 1 the fleet process stops serving clients itself and becomes the
+workers' control; N worker processes (worker_process.py) serve the port::
+
+    fleet process (rayfleet up)                  worker i of N (spawned)
+      holds the port: bound with SO_REUSEPORT,      binds the port with SO_REUSEPORT and
+        never listening                             listens: the kernel spreads new
+      membership from the registry, scaler,         connections over the N workers
+        drain, admin endpoints, /rayfleet/status  <- passes /metrics, /rayfleet/* asked
+        on <run dir>/control.sock                   over TCP to the control socket
+      gives each replica and each model a slot  -> GET /rayfleet/internal/membership
+        in the shared counts                        each poll: replicas with slots
+      /metrics: its own series folded with      <- <run dir>/worker-i.sock: /metrics
+        every worker's (metrics_merge.py)
+      restarts a worker that died (its row of
+        the counts zeroed first)
+
+What must agree across workers, and how:
+- **in-flight counts**: shared memory, a row per worker and a column per replica
+  (shared_state.py). Every policy's load (least_load, prefix, session's bound) and the
+  autoscaler's gateway signal see the sum over workers, at most ``REFRESH_S`` old for
+  the other workers' part; requests held for a replica are counted the same way;
+- **API-key quotas**: each key's buckets and in-flight count in shared memory, changed
+  under one lock, so a key's rate, tokens and concurrency hold over all workers;
+- **the prefix index**: each worker's picks are sent to the others over Unix datagrams
+  (index_sharing.py); every worker runs with the same ``PYTHONHASHSEED`` so that their
+  block hashes agree;
+- **membership and draining**: every worker polls the fleet process each
+  ``poll_interval_s``, as one gateway polls the registry; a draining replica is out of
+  every worker's rotation within one poll (control/drain.py waits longer than that).
+
+``rayfleet apply`` gives the workers the new file: the membership answer carries the
+file's generation, and a worker that sees a new one fetches it
+(``/rayfleet/internal/config``) and reconfigures as one gateway does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import pickle
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from rayfleet.gateway.shared_state import (
+    REFRESH_S,
+    CountsSpec,
+    QuotaCells,
+    QuotaSpec,
+    SharedCounts,
+)
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
+
+    from rayfleet.config import FleetConfig
+    from rayfleet.gateway.app import Gateway, Route
+    from rayfleet.gateway.replicas import Entry
+
+log = logging.getLogger("rayfleet.gateway")
+
+FORWARDED_FOR = "x-rayfleet-forwarded-for"  # a worker passing a request on: the client
+WORKER_HEADER = "x-rayfleet-worker"  # on every answer of a worker: its number
+MEMBERSHIP_PATH = "/rayfleet/internal/membership"
+CONFIG_PATH = "/rayfleet/internal/config"
+NUM_SLOTS = 4096  # replicas and models the shared counts can hold at once
+_WATCH_S = 1.0
+_STOP_TIMEOUT_S = 30.0
+
+EntrySource = Callable[[], Awaitable[list["Entry"]]]
+
+
+def control_socket(run_dir: Path) -> Path:
+    return run_dir / "control.sock"
+
+
+def worker_socket(run_dir: Path, worker: int) -> Path:
+    return run_dir / f"worker-{worker}.sock"
+
+
+@dataclass
+class WorkerSpec:
+    """What a worker process is started with (pickled into it)."""
+
+    index: int
+    num_workers: int
+    config: FleetConfig
+    host: str
+    port: int
+    run_dir: str
+    counts: CountsSpec
+    quotas: QuotaSpec | None
+    lock: Any  # the quotas' lock, a multiprocessing lock passed as the worker is spawned
+    generation: int
+    hold_s: dict[str, float]
+    forwarded: list[tuple[str, str]]  # (method, path) of the fleet's admin endpoints
+    access_log: str | None
+    poll_interval_s: float = 1.0
+    parent_pid: int = field(default_factory=os.getpid)
+
+
+class WorkerPool:
+    """The worker processes of one fleet, run from the fleet process's event loop."""
+
+    def __init__(
+        self,
+        config: FleetConfig,
+        *,
+        hold_s: dict[str, float],
+        forwarded: list[tuple[str, str]],
+        access_log: Path | None,
+    ):
+        self.config = config
+        self.num_workers = config.gateway.workers
+        self.hold_s = dict(hold_s)
+        self.forwarded = list(forwarded)
+        self.access_log = str(access_log) if access_log is not None else None
+        self.run_dir = Path(tempfile.mkdtemp(prefix="rayfleet-gateway-"))
+        os.chmod(self.run_dir, 0o700)
+        self.counts = SharedCounts.create(self.num_workers, NUM_SLOTS)
+        self._context = multiprocessing.get_context("spawn")
+        self._lock = self._context.Lock()
+        self.generation = 0
+        self.quotas = self._quota_cells(config)
+        self._old_quotas: list[QuotaCells] = []
+        self._hash_seed = str(random.randrange(1, 2**32))
+        self._slots: dict[str, int] = {}  # "replica:<id>" or "model:<name>" -> column
+        self._free = list(range(NUM_SLOTS - 1, -1, -1))
+        self._entries: list[Entry] = []
+        self._processes: list[BaseProcess | None] = [None] * self.num_workers
+        self._watcher: asyncio.Task[None] | None = None
+        self._refresher: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._session: Any = None
+        self.num_restarts = 0
+
+    @property
+    def control_path(self) -> str:
+        return str(control_socket(self.run_dir))
+
+    def internal_routes(self) -> list[Route]:
+        """The endpoints the workers call, served on the control socket only."""
+        return [("GET", MEMBERSHIP_PATH, self._membership), ("GET", CONFIG_PATH, self._config)]
+
+    def slotted(self, source: EntrySource) -> EntrySource:
+        """``source`` (the registry's entries) with each replica's slot in the counts."""
+
+        async def entries() -> list[Entry]:
+            fresh = await source()
+            self._entries = self._assign(fresh)
+            return self._entries
+
+        return entries
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self, gateway: Gateway) -> None:
+        """Share the counts with ``gateway`` (the fleet process's view) and start every
+        worker."""
+        import aiohttp
+
+        gateway.replica_set.shared = self.counts
+        gateway.metrics_peers = self.metrics_of_workers
+        self._gateway = gateway
+        self._session = aiohttp.ClientSession()
+        for worker in range(self.num_workers):
+            self._spawn(worker)
+        self._watcher = asyncio.create_task(self._watch())
+        self._refresher = asyncio.create_task(self._refresh())
+
+    async def wait_listening(self, timeout_s: float) -> bool:
+        """Whether every worker has its local socket up within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(worker_socket(self.run_dir, w).exists() for w in range(self.num_workers)):
+                return True
+            await asyncio.sleep(0.1)
+        return False
+
+    async def stop(self) -> None:
+        """Stop every worker (each finishes the requests it has), then free the memory."""
+        self._stopping = True
+        for task in (self._watcher, self._refresher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        processes = [p for p in self._processes if p is not None]
+        for process in processes:
+            if process.is_alive():
+                process.terminate()  # SIGTERM: the worker stops accepting, then ends
+        await asyncio.to_thread(_join_all, processes, _STOP_TIMEOUT_S)
+        if self._session is not None:
+            await self._session.close()
+        self.counts.close()
+        for cells in [self.quotas, *self._old_quotas]:
+            if cells is not None:
+                cells.close()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def reconfigure(self, config: FleetConfig, hold_s: dict[str, float]) -> None:
+        """A new fleet file (``rayfleet apply``): the workers take it at their next poll."""
+        self.config = config
+        self.hold_s = dict(hold_s)
+        if self.quotas is not None:
+            self._old_quotas.append(self.quotas)
+        self.generation += 1
+        self.quotas = self._quota_cells(config)
+
+    def report(self) -> dict[str, Any]:
+        """For /rayfleet/status: the workers' pids and how often one was replaced."""
+        pids = [p.pid if p is not None and p.is_alive() else None for p in self._processes]
+        return {"workers": self.num_workers, "pids": pids, "restarts": self.num_restarts}
+
+    # -- the workers ----------------------------------------------------------------------
+
+    def _spawn(self, worker: int) -> None:
+        from rayfleet.gateway.worker_process import run_worker
+
+        spec = WorkerSpec(
+            index=worker,
+            num_workers=self.num_workers,
+            config=self.config,
+            host=self.config.gateway.host,
+            port=self.config.gateway.port,
+            run_dir=str(self.run_dir),
+            counts=self.counts.spec,
+            quotas=self.quotas.spec if self.quotas is not None else None,
+            lock=self._lock,
+            generation=self.generation,
+            hold_s=self.hold_s,
+            forwarded=self.forwarded,
+            access_log=self.access_log,
+        )
+        # The block hashes of the prefix index must agree between workers.
+        before = os.environ.get("PYTHONHASHSEED")
+        os.environ["PYTHONHASHSEED"] = self._hash_seed
+        try:
+            process = self._context.Process(
+                target=run_worker, args=(spec,), name=f"rayfleet-gateway-{worker}", daemon=True
+            )
+            process.start()
+        finally:
+            if before is None:
+                os.environ.pop("PYTHONHASHSEED", None)
+            else:
+                os.environ["PYTHONHASHSEED"] = before
+        self._processes[worker] = process
+
+    async def _watch(self) -> None:
+        """Start again a worker that died; the requests it carried died with it."""
+        while True:
+            await asyncio.sleep(_WATCH_S)
+            for worker, process in enumerate(self._processes):
+                if self._stopping or process is None or process.is_alive():
+                    continue
+                log.warning(
+                    "gateway worker %d (pid %s) exited with %s; starting it again",
+                    worker,
+                    process.pid,
+                    process.exitcode,
+                )
+                self.counts.zero_row(worker)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(worker_socket(self.run_dir, worker))
+                self.num_restarts += 1
+                self._spawn(worker)
+
+    async def _refresh(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_S * 10)  # the scaler and status read these
+            self._gateway.replica_set.refresh_shared()
+
+    async def metrics_of_workers(self) -> list[bytes]:
+        """Each worker's own /metrics (those that answer), for the fleet's /metrics."""
+        import aiohttp
+
+        async def one(worker: int) -> bytes | None:
+            path = str(worker_socket(self.run_dir, worker))
+            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                connector = aiohttp.UnixConnector(path=path)
+                async with (
+                    aiohttp.ClientSession(connector=connector) as session,
+                    session.get("http://worker/metrics", timeout=aiohttp.ClientTimeout(5)) as r,
+                ):
+                    if r.status == 200:
+                        return await r.read()
+            return None
+
+        texts = await asyncio.gather(*(one(w) for w in range(self.num_workers)))
+        return [text for text in texts if text is not None]
+
+    # -- what the workers ask -----------------------------------------------------------
+
+    async def _membership(self, _request: web.Request) -> web.Response:
+        models = [m.name for m in self.config.models]
+        waiting = {m: self._slot(f"model:{m}") for m in models}
+        return web.json_response(
+            {"entries": self._entries, "waiting_slots": waiting, "generation": self.generation}
+        )
+
+    async def _config(self, _request: web.Request) -> web.Response:
+        quotas = self.quotas.spec if self.quotas is not None else None
+        payload = pickle.dumps((self.generation, self.config, quotas, self.hold_s))
+        return web.Response(body=payload, content_type="application/octet-stream")
+
+    # -- slots ----------------------------------------------------------------------------
+
+    def _assign(self, entries: list[Entry]) -> list[Entry]:
+        live = {f"replica:{e['replica_id']}" for e in entries}
+        for name in [n for n in self._slots if n.startswith("replica:") and n not in live]:
+            slot = self._slots[name]
+            if self.counts.column_is_zero(slot):  # else requests to it are still counted
+                del self._slots[name]
+                self._free.append(slot)
+        return [{**e, "slot": self._slot(f"replica:{e['replica_id']}")} for e in entries]
+
+    def _slot(self, name: str) -> int:
+        slot = self._slots.get(name)
+        if slot is None:
+            if not self._free:
+                return -1  # counted by each worker alone
+            slot = self._slots[name] = self._free.pop()
+        return slot
+
+    def _quota_cells(self, config: FleetConfig) -> QuotaCells | None:
+        keys = config.gateway.api_keys
+        if not keys:
+            return None
+        capacities = [
+            (float(k.requests_per_minute or 0), float(k.tokens_per_minute or 0)) for k in keys
+        ]
+        return QuotaCells.create(capacities, self._lock)
+
+
+def _join_all(processes: list[BaseProcess], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+            process.join(5.0)
