@@ -1,7 +1,8 @@
-"""How many requests a second one gateway process relays, in front of 64 simulated replicas.
+"""How many requests a second the gateway relays, in front of 64 simulated replicas.
 
     .venv/bin/python benchmarks/gateway_capacity.py [--rates 200,400,800] [--duration-s 10]
     python benchmarks/gateway_capacity.py --rates 1000,2000,3000,4000,5000   # 16 cores
+    python benchmarks/gateway_capacity.py --workers 4 --sim-processes 6 --rates 8000,12000
 
 The replicas are ``rayfleet sim`` with every step cost 0, spread over ``--sim-processes``
 processes (one simulator process on one core carries about 2,000 req/s, measured on a
@@ -11,7 +12,9 @@ the default policy) runs in a process of its own (sim_gateway.py); the load clie
 arrivals of streamed completions of 16 tokens. On a machine of more than 2 cores each gets
 cores of its own: the gateway core 0, the simulator processes one core each after it, the
 client the rest (``os.sched_setaffinity``); on 2 cores they share, and the numbers are
-indicative only.
+indicative only. ``--workers N`` serves the port with gateway.workers' N processes
+(rayfleet/gateway/workers.py), cores 0 to N-1, one each; the CPU columns then add up
+every gateway process.
 
 For each rate, a simulator process's share of it (rate / ``--sim-processes``) goes first
 straight to one simulated replica (the simulator's own TTFT at the load each of its
@@ -31,7 +34,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -50,13 +52,16 @@ ZERO_COST = EngineSpec(
 )
 
 
-def placement(num_sims: int) -> tuple[int | None, list[int] | None, set[int] | None]:
-    """(gateway core, a core per simulator process, client cores), or Nones when there are
-    not cores enough for each to have its own and the client two."""
+def placement(
+    num_sims: int, num_workers: int = 1
+) -> tuple[list[int] | None, list[int] | None, set[int] | None]:
+    """(a core per gateway process, a core per simulator process, client cores), or Nones
+    when there are not cores enough for each to have its own and the client two."""
     cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < num_sims + 3:
+    if len(cores) < num_workers + num_sims + 2:
         return None, None, None
-    return cores[0], cores[1 : 1 + num_sims], set(cores[1 + num_sims :])
+    sims_from = num_workers + num_sims
+    return cores[:num_workers], cores[num_workers:sims_from], set(cores[sims_from:])
 
 
 def run(target: Target, rate: float, duration_s: float, processes: int, seed: int) -> RunOutput:
@@ -77,13 +82,8 @@ def summary(output: RunOutput) -> dict[str, float]:
     }
 
 
-def cpu_s(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system)
-
-
 def measure(args: argparse.Namespace) -> list[dict]:
-    gateway_cpu, sim_cpus, client_cpus = placement(args.sim_processes)
+    gateway_cpus, sim_cpus, client_cpus = placement(args.sim_processes, args.workers)
     rows = []
     with sim_fleets(ZERO_COST, args.replicas, args.sim_processes) as fleets:
         for n, fleet in enumerate(fleets):
@@ -92,7 +92,14 @@ def measure(args: argparse.Namespace) -> list[dict]:
         if client_cpus is not None:
             os.sched_setaffinity(0, client_cpus)  # the client's worker processes inherit it
         urls = [url for fleet in fleets for url in fleet.urls]
-        with GatewayProcess(urls, MODEL, "least_load", cpu=gateway_cpu) as gateway:
+        with GatewayProcess(
+            urls,
+            MODEL,
+            "least_load",
+            cpu=gateway_cpus[0] if gateway_cpus else None,
+            workers=args.workers,
+            worker_cpus=gateway_cpus,
+        ) as gateway:
             direct_target = Target(urls[0], "/v1/completions", MODEL)
             gateway_target = Target(gateway.url, "/v1/completions", MODEL)
             for target in (direct_target, gateway_target):  # connections made, code warm
@@ -102,14 +109,15 @@ def measure(args: argparse.Namespace) -> list[dict]:
                 direct = summary(
                     run(direct_target, share, args.duration_s, args.client_processes, args.seed)
                 )
-                before = cpu_s(gateway.pid)
+                before = gateway.cpu_s()
                 output = run(
                     gateway_target, rate, args.duration_s, args.client_processes, args.seed
                 )
-                used_s = cpu_s(gateway.pid) - before
+                used_s = gateway.cpu_s() - before
                 through = summary(output)
                 row = {
                     "rate": rate,
+                    "workers": args.workers,
                     "direct": direct,
                     "gateway": through,
                     "gateway_cpu_us_per_request": 1e6 * used_s / max(len(output.results), 1),
@@ -123,7 +131,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
 def print_table(rows: list[dict]) -> None:
     print(
         f"\n{'offered':>8s} {'achieved':>9s} {'TTFT p50':>9s} {'p99':>8s} {'sim p99':>8s} "
-        f"{'p99 extra':>9s} {'CPU/req':>9s} {'gw core':>8s}"
+        f"{'p99 extra':>9s} {'CPU/req':>9s} {'gw cores':>8s}"
     )
     saturation = None
     for row in rows:
@@ -151,6 +159,12 @@ def main() -> None:
         "--sim-processes", type=int, default=1, help="simulator processes, a core each"
     )
     parser.add_argument("--client-processes", type=int, default=max(1, (os.cpu_count() or 1) - 2))
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="gateway.workers: gateway processes on the port, a core each",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("results/gateway_capacity.json"))
     args = parser.parse_args()

@@ -4,6 +4,8 @@ gateway-capacity benchmarks), and the small readers those benchmarks share.
     with GatewayProcess(urls, model="sim", policy="prefix", cpu=3) as gateway:
         gateway.url             # http://127.0.0.1:<port>, once /health answers
         gateway.pid             # for psutil's cpu_times
+        gateway.cpu_s()         # its CPU seconds, worker processes included
+    GatewayProcess(urls, "sim", "least_load", workers=4, worker_cpus=[0, 1, 2, 3])
         gateway.metrics()       # its /metrics as text
     with sim_fleets(spec, num_replicas=64, num_processes=4) as fleets: ...
     python benchmarks/sim_gateway.py URLS_JSON MODEL POLICY   # prints the port, serves
@@ -11,7 +13,9 @@ gateway-capacity benchmarks), and the small readers those benchmarks share.
 The gateway process takes the URLs as a static replica source (registry-style entries,
 ``pid`` the replica's index) and the model's ``routing`` from POLICY: a policy's name, or
 a name and options, ``prefix:load_factor=100,alpha=2`` (``routing_options``); it runs on
-uvloop, as ``rayfleet up`` serves it, pinned to ``cpu`` when given.
+uvloop, as ``rayfleet up`` serves it, pinned to ``cpu`` when given. With ``workers``
+above 1 it runs gateway.workers' pool instead (the process is their control), each
+worker pinned to one of ``worker_cpus``.
 """
 
 from __future__ import annotations
@@ -33,14 +37,25 @@ if TYPE_CHECKING:
 
 
 class GatewayProcess:
-    def __init__(self, urls: list[str], model: str, policy: str, cpu: int | None = None):
+    def __init__(
+        self,
+        urls: list[str],
+        model: str,
+        policy: str,
+        cpu: int | None = None,
+        *,
+        workers: int = 1,
+        worker_cpus: list[int] | None = None,
+    ):
         self.urls, self.model, self.policy, self.cpu = urls, model, policy, cpu
+        self.workers, self.worker_cpus = workers, worker_cpus or []
         self.url = ""
         self.pid = 0
 
     def __enter__(self) -> GatewayProcess:
         argv = [sys.executable, __file__, json.dumps(self.urls), self.model, self.policy]
         argv.append(str(self.cpu) if self.cpu is not None else "")
+        argv += [str(self.workers), ",".join(map(str, self.worker_cpus))]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, process_group=0)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -54,6 +69,18 @@ class GatewayProcess:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(timeout=30)
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the gateway and its worker processes so far."""
+        import psutil
+
+        main = psutil.Process(self.pid)
+        total = 0.0
+        for process in [main, *main.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                times = process.cpu_times()
+                total += times.user + times.system
+        return total
 
     def metrics(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as response:
@@ -109,7 +136,7 @@ def _number_or_text(value: str) -> int | float | str:
     return value
 
 
-def _serve(urls: list[str], model: str, policy: str) -> None:
+def _serve(urls: list[str], model: str, policy: str, workers: int, cpus: list[int]) -> None:
     import uvloop
 
     from rayfleet.config import RoutingConfig
@@ -135,11 +162,67 @@ def _serve(urls: list[str], model: str, policy: str) -> None:
         await stop.wait()
         await runner.cleanup()
 
-    uvloop.run(main())
+    if workers == 1:
+        uvloop.run(main())
+    else:
+        uvloop.run(_serve_workers(entries, model, policy, workers, cpus))
+
+
+async def _serve_workers(
+    entries: list[dict[str, Any]], model: str, policy: str, workers: int, cpus: list[int]
+) -> None:
+    """The same replicas behind gateway.workers' processes (rayfleet/gateway/workers.py),
+    as ``rayfleet up`` runs them, each worker pinned to a core of ``cpus`` in turn."""
+    from rayfleet.config import FleetConfig
+    from rayfleet.gateway.app import Gateway
+    from rayfleet.gateway.policies import Policies
+    from rayfleet.gateway.server import listen, start_gateway
+    from rayfleet.gateway.workers import WorkerPool
+
+    held = listen("127.0.0.1", 0, reuse_port=True, accept=False)
+    port = held.getsockname()[1]
+    config = FleetConfig.model_validate(
+        {
+            "gateway": {"port": port, "workers": workers},
+            "models": [
+                {
+                    "name": model,
+                    "source": "sim",
+                    "engine": "sim",
+                    "routing": routing_options(policy),
+                }
+            ],
+        }
+    )
+
+    async def source() -> list[dict[str, Any]]:
+        return entries
+
+    pool = WorkerPool(config, hold_s={}, forwarded=[], access_log=None, log_requests=False)
+    gateway = Gateway(
+        [model],
+        pool.slotted(source),
+        policies=Policies.from_fleet(config),
+        extra_routes=pool.internal_routes(),
+    )
+    runner = await start_gateway(gateway, "127.0.0.1", port, unix_path=pool.control_path, tcp=False)
+    await pool.start(gateway)
+    await pool.wait_listening(120)
+    for n, pid in enumerate(pool.report()["pids"]):
+        if cpus and pid:
+            os.sched_setaffinity(pid, {cpus[n % len(cpus)]})
+    print(port, flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await pool.stop()
+    await runner.cleanup()
+    held.close()
 
 
 if __name__ == "__main__":
-    _urls, _model, _policy, _cpu = sys.argv[1:5]
+    _urls, _model, _policy, _cpu, _workers, _worker_cpus = sys.argv[1:7]
     if _cpu:
         os.sched_setaffinity(0, {int(_cpu)})
-    _serve(json.loads(_urls), _model, _policy)
+    _cpus = [int(c) for c in _worker_cpus.split(",") if c]
+    _serve(json.loads(_urls), _model, _policy, int(_workers), _cpus)

@@ -139,14 +139,9 @@ def _buffer(block: shared_memory.SharedMemory) -> memoryview[Any]:
 
 
 def _attach(name: str) -> shared_memory.SharedMemory:
-    # A block the fleet process made: this process must not unlink it at exit
-    # (multiprocessing's resource tracker would, and warn).
-    block = shared_memory.SharedMemory(name=name)
-    with contextlib.suppress(Exception):
-        from multiprocessing import resource_tracker
-
-        resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
-    return block
+    # Attached in the process that made it or in one it spawned, which shares its
+    # resource tracker: the block stays registered once, and is unlinked by its maker.
+    return shared_memory.SharedMemory(name=name)
 
 
 def _close(

@@ -170,7 +170,7 @@ class Worker:
         local = worker_socket(self.run_dir, spec.index)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(local)
-        handler = _open_access_log(spec.access_log)
+        handler = _open_access_log(spec.access_log) if spec.log_requests else None
         self.share = IndexShare(self.run_dir, spec.index, spec.num_workers, self.gateway)
         self.share.start()
         runner = await start_gateway(self.gateway, spec.host, spec.port, sock, unix_path=str(local))

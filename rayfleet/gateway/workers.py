@@ -107,7 +107,8 @@ class WorkerSpec:
     generation: int
     hold_s: dict[str, float]
     forwarded: list[tuple[str, str]]  # (method, path) of the fleet's admin endpoints
-    access_log: str | None
+    access_log: str | None  # None: standard output
+    log_requests: bool
     poll_interval_s: float = 1.0
     parent_pid: int = field(default_factory=os.getpid)
 
@@ -122,8 +123,12 @@ class WorkerPool:
         hold_s: dict[str, float],
         forwarded: list[tuple[str, str]],
         access_log: Path | None,
+        log_requests: bool = True,
     ):
+        """``access_log``: the file of one JSON line per request (None: standard
+        output), unless ``log_requests`` is false."""
         self.config = config
+        self.log_requests = log_requests
         self.num_workers = config.gateway.workers
         self.hold_s = dict(hold_s)
         self.forwarded = list(forwarded)
@@ -244,6 +249,7 @@ class WorkerPool:
             hold_s=self.hold_s,
             forwarded=self.forwarded,
             access_log=self.access_log,
+            log_requests=self.log_requests,
         )
         # The block hashes of the prefix index must agree between workers.
         before = os.environ.get("PYTHONHASHSEED")
