@@ -64,10 +64,22 @@ def placement(
     return cores[:num_workers], cores[num_workers:sims_from], set(cores[sims_from:])
 
 
-def run(target: Target, rate: float, duration_s: float, processes: int, seed: int) -> RunOutput:
+def run(
+    target: Target,
+    rate: float,
+    duration_s: float,
+    processes: int,
+    seed: int,
+    concurrency: int | None = None,
+) -> RunOutput:
+    """Poisson arrivals at ``rate`` for ``duration_s``; with ``concurrency``, a closed
+    loop instead: as many requests, ``concurrency`` of them in flight at all times."""
     num = max(int(rate * duration_s), 1)
     prompts = [Prompt(f"request {i} " + "word " * 12, 16, OUTPUT_TOKENS) for i in range(num)]
-    shape = LoadShape(request_rate=rate, seed=seed)
+    if concurrency is not None:
+        shape = LoadShape(max_concurrency=concurrency, seed=seed)
+    else:
+        shape = LoadShape(request_rate=rate, seed=seed)
     return run_load(target, prompts, shape, num_processes=processes)
 
 
@@ -104,6 +116,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
             gateway_target = Target(gateway.url, "/v1/completions", MODEL)
             for target in (direct_target, gateway_target):  # connections made, code warm
                 run(target, 100, 2, args.client_processes, args.seed)
+            rows += [closed_loop(gateway, gateway_target, c, args) for c in args.concurrency]
             for rate in args.rates:
                 share = rate / args.sim_processes
                 direct = summary(
@@ -128,7 +141,45 @@ def measure(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def closed_loop(
+    gateway: GatewayProcess, target: Target, concurrency: int, args: argparse.Namespace
+) -> dict:
+    """The gateway's throughput with ``concurrency`` requests always in flight: its
+    capacity, which an open loop past saturation does not show (throughput collapses)."""
+    num = int(args.closed_loop_rps * args.duration_s)
+    before = gateway.cpu_s()
+    output = run(
+        target, num / args.duration_s, args.duration_s, args.client_processes, 0, concurrency
+    )
+    used_s = gateway.cpu_s() - before
+    row = {
+        "concurrency": concurrency,
+        "workers": args.workers,
+        "gateway": summary(output),
+        "gateway_cpu_us_per_request": 1e6 * used_s / max(len(output.results), 1),
+        "gateway_cpu_share": used_s / output.duration_s,
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def print_table(rows: list[dict]) -> None:
+    closed = [row for row in rows if "concurrency" in row]
+    rows = [row for row in rows if "rate" in row]
+    if closed:
+        print(
+            f"\n{'in flight':>9s} {'req/s':>8s} {'TTFT p50':>9s} {'p99':>8s} "
+            f"{'CPU/req':>9s} {'gw cores':>8s}"
+        )
+        for row in closed:
+            gw = row["gateway"]
+            print(
+                f"{row['concurrency']:9d} {gw['achieved_rps']:8.0f} {gw['ttft_p50_ms']:8.2f}m "
+                f"{gw['ttft_p99_ms']:7.2f}m {row['gateway_cpu_us_per_request']:7.0f}us "
+                f"{row['gateway_cpu_share']:7.0%}"
+            )
+    if not rows:
+        return
     print(
         f"\n{'offered':>8s} {'achieved':>9s} {'TTFT p50':>9s} {'p99':>8s} {'sim p99':>8s} "
         f"{'p99 extra':>9s} {'CPU/req':>9s} {'gw cores':>8s}"
@@ -151,7 +202,9 @@ def print_table(rows: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--rates", default="200,400,800", type=lambda text: [float(r) for r in text.split(",")]
+        "--rates",
+        default="200,400,800",
+        type=lambda text: [float(r) for r in text.split(",") if r],
     )
     parser.add_argument("--duration-s", type=float, default=10.0)
     parser.add_argument("--replicas", type=int, default=64)
@@ -164,6 +217,18 @@ def main() -> None:
         type=int,
         default=1,
         help="gateway.workers: gateway processes on the port, a core each",
+    )
+    parser.add_argument(
+        "--concurrency",
+        default="",
+        type=lambda text: [int(c) for c in text.split(",") if c],
+        help="closed-loop rounds first, at these numbers of requests in flight",
+    )
+    parser.add_argument(
+        "--closed-loop-rps",
+        type=float,
+        default=5000.0,
+        help="a closed-loop round sends this many requests per --duration-s second",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("results/gateway_capacity.json"))
