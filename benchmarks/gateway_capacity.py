@@ -111,6 +111,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
             cpu=gateway_cpus[0] if gateway_cpus else None,
             workers=args.workers,
             worker_cpus=gateway_cpus,
+            pool=args.pool,
         ) as gateway:
             direct_target = Target(urls[0], "/v1/completions", MODEL)
             gateway_target = Target(gateway.url, "/v1/completions", MODEL)
@@ -131,6 +132,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
                 row = {
                     "rate": rate,
                     "workers": args.workers,
+                    "pool": args.pool or args.workers > 1,
                     "direct": direct,
                     "gateway": through,
                     "gateway_cpu_us_per_request": 1e6 * used_s / max(len(output.results), 1),
@@ -155,6 +157,7 @@ def closed_loop(
     row = {
         "concurrency": concurrency,
         "workers": args.workers,
+        "pool": args.pool or args.workers > 1,
         "gateway": summary(output),
         "gateway_cpu_us_per_request": 1e6 * used_s / max(len(output.results), 1),
         "gateway_cpu_share": used_s / output.duration_s,
@@ -217,6 +220,11 @@ def main() -> None:
         type=int,
         default=1,
         help="gateway.workers: gateway processes on the port, a core each",
+    )
+    parser.add_argument(
+        "--pool",
+        action="store_true",
+        help="serve through gateway.workers' pool even with one worker (its cost alone)",
     )
     parser.add_argument(
         "--concurrency",

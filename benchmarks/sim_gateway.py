@@ -14,8 +14,8 @@ The gateway process takes the URLs as a static replica source (registry-style en
 ``pid`` the replica's index) and the model's ``routing`` from POLICY: a policy's name, or
 a name and options, ``prefix:load_factor=100,alpha=2`` (``routing_options``); it runs on
 uvloop, as ``rayfleet up`` serves it, pinned to ``cpu`` when given. With ``workers``
-above 1 it runs gateway.workers' pool instead (the process is their control), each
-worker pinned to one of ``worker_cpus``.
+above 1, or ``pool``, it runs gateway.workers' pool instead (the process is their
+control), each worker pinned to one of ``worker_cpus``.
 """
 
 from __future__ import annotations
@@ -46,16 +46,18 @@ class GatewayProcess:
         *,
         workers: int = 1,
         worker_cpus: list[int] | None = None,
+        pool: bool = False,
     ):
         self.urls, self.model, self.policy, self.cpu = urls, model, policy, cpu
         self.workers, self.worker_cpus = workers, worker_cpus or []
+        self.pool = pool or workers > 1  # gateway.workers' pool, even of one worker
         self.url = ""
         self.pid = 0
 
     def __enter__(self) -> GatewayProcess:
         argv = [sys.executable, __file__, json.dumps(self.urls), self.model, self.policy]
         argv.append(str(self.cpu) if self.cpu is not None else "")
-        argv += [str(self.workers), ",".join(map(str, self.worker_cpus))]
+        argv += [str(self.workers), ",".join(map(str, self.worker_cpus)), str(int(self.pool))]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, process_group=0)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -136,7 +138,9 @@ def _number_or_text(value: str) -> int | float | str:
     return value
 
 
-def _serve(urls: list[str], model: str, policy: str, workers: int, cpus: list[int]) -> None:
+def _serve(
+    urls: list[str], model: str, policy: str, workers: int, cpus: list[int], pool: bool
+) -> None:
     import uvloop
 
     from rayfleet.config import RoutingConfig
@@ -162,7 +166,7 @@ def _serve(urls: list[str], model: str, policy: str, workers: int, cpus: list[in
         await stop.wait()
         await runner.cleanup()
 
-    if workers == 1:
+    if not pool:
         uvloop.run(main())
     else:
         uvloop.run(_serve_workers(entries, model, policy, workers, cpus))
@@ -221,8 +225,8 @@ async def _serve_workers(
 
 
 if __name__ == "__main__":
-    _urls, _model, _policy, _cpu, _workers, _worker_cpus = sys.argv[1:7]
+    _urls, _model, _policy, _cpu, _workers, _worker_cpus, _pool = sys.argv[1:8]
     if _cpu:
         os.sched_setaffinity(0, {int(_cpu)})
     _cpus = [int(c) for c in _worker_cpus.split(",") if c]
-    _serve(json.loads(_urls), _model, _policy, int(_workers), _cpus)
+    _serve(json.loads(_urls), _model, _policy, int(_workers), _cpus, _pool == "1")
