@@ -82,6 +82,11 @@ class AttachedFleet(FleetProcess):
             if isinstance(running, int):
                 self.scaler.targets[model.name] = running
         self.say(f"serving the replicas Serve runs; vLLM logs on each node in {_log_dir()}")
+        if self.config.gateway.workers > 1:
+            self.say(
+                f"gateway.workers is {self.config.gateway.workers}, but rayfleet gateway "
+                "serves in one process: only rayfleet up runs gateway workers"
+            )
 
     async def _set_target(self, model: str, count: int) -> None:
         await asyncio.to_thread(self._declare, model, count)
