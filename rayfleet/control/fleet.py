@@ -63,6 +63,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rayfleet.fleet")
 
+WORKERS_START_TIMEOUT_S = 120.0  # gateway.workers: each worker up and listening
+
 Say = Callable[[str], None]
 
 
@@ -142,6 +144,12 @@ class FleetProcess:
                     gateway, host, port, unix_path=self.pool.control_path, tcp=False
                 )
                 await self.pool.start(gateway)
+                missing = await self.pool.wait_listening(WORKERS_START_TIMEOUT_S)
+                if missing:
+                    raise RayfleetError(
+                        f"gateway worker(s) {', '.join(map(str, missing))} did not start "
+                        f"serving {host}:{port}; their errors are above"
+                    )
             ready = asyncio.create_task(self._wait_until_ready(gateway))
             stopped = asyncio.create_task(stop.wait())
             done, _ = await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)

@@ -34,6 +34,10 @@ def listen(host: str, port: int, *, reuse_port: bool = False, accept: bool = Tru
     try:
         if not reuse_port:
             return socket.create_server((host, port), family=family, backlog=1024)
+        if accept is False:
+            # SO_REUSEPORT would let this bind join another process's listening group on
+            # the port (another fleet's workers): first make sure nobody listens there.
+            socket.create_server((host, port), family=family).close()
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

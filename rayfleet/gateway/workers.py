@@ -149,7 +149,6 @@ class WorkerPool:
         self._watcher: asyncio.Task[None] | None = None
         self._refresher: asyncio.Task[None] | None = None
         self._stopping = False
-        self._session: Any = None
         self.num_restarts = 0
 
     @property
@@ -174,26 +173,33 @@ class WorkerPool:
 
     async def start(self, gateway: Gateway) -> None:
         """Share the counts with ``gateway`` (the fleet process's view) and start every
-        worker."""
-        import aiohttp
-
+        worker; ``wait_listening`` then says whether all of them serve."""
         gateway.replica_set.shared = self.counts
         gateway.metrics_peers = self.metrics_of_workers
         self._gateway = gateway
-        self._session = aiohttp.ClientSession()
         for worker in range(self.num_workers):
             self._spawn(worker)
-        self._watcher = asyncio.create_task(self._watch())
         self._refresher = asyncio.create_task(self._refresh())
 
-    async def wait_listening(self, timeout_s: float) -> bool:
-        """Whether every worker has its local socket up within ``timeout_s``."""
+    async def wait_listening(self, timeout_s: float) -> list[int]:
+        """Wait until every worker serves (its local socket is up); the workers that did
+        not within ``timeout_s`` or exited first (empty when all serve)."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if all(worker_socket(self.run_dir, w).exists() for w in range(self.num_workers)):
-                return True
+        while True:
+            missing = [
+                w for w in range(self.num_workers) if not worker_socket(self.run_dir, w).exists()
+            ]
+            exited = [w for w in missing if not self._alive(w)]
+            if not missing and self._watcher is None:
+                # From now on a worker that dies is started again.
+                self._watcher = asyncio.create_task(self._watch())
+            if not missing or exited or time.monotonic() >= deadline:
+                return missing
             await asyncio.sleep(0.1)
-        return False
+
+    def _alive(self, worker: int) -> bool:
+        process = self._processes[worker]
+        return process is not None and process.is_alive()
 
     async def stop(self) -> None:
         """Stop every worker (each finishes the requests it has), then free the memory."""
@@ -208,8 +214,6 @@ class WorkerPool:
             if process.is_alive():
                 process.terminate()  # SIGTERM: the worker stops accepting, then ends
         await asyncio.to_thread(_join_all, processes, _STOP_TIMEOUT_S)
-        if self._session is not None:
-            await self._session.close()
         self.counts.close()
         for cells in [self.quotas, *self._old_quotas]:
             if cells is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import random
+import socket
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.parser import text_string_to_metric_families
 
 from rayfleet.config.routing import RoutingConfig
+from rayfleet.errors import RayfleetError
 from rayfleet.gateway.app import Gateway
 from rayfleet.gateway.errors import RequestError
 from rayfleet.gateway.index_sharing import IndexShare, decode, encode
@@ -22,6 +24,7 @@ from rayfleet.gateway.metrics_merge import merge
 from rayfleet.gateway.policies import Policies
 from rayfleet.gateway.replica_policy import RequestInfo
 from rayfleet.gateway.replicas import Replica, ReplicaSet
+from rayfleet.gateway.server import listen
 from rayfleet.gateway.shared_state import CountsSpec, QuotaCells, SharedCounts
 
 
@@ -194,3 +197,20 @@ def test_a_replica_object_keeps_its_slot_from_the_entry():
     replica_set.update([{"replica_id": "r", "model": "m", "url": "http://a", "slot": 7}])
     assert replica_set.replicas("m")[0].slot == 7
     assert Replica("x", "m", "http://b").slot == -1
+
+
+def test_the_port_held_for_workers_is_refused_when_another_serves_it():
+    plain = socket.create_server(("127.0.0.1", 0))
+    shared = listen("127.0.0.1", 0, reuse_port=True)  # another fleet's worker
+    try:
+        for taken in (plain, shared):
+            port = taken.getsockname()[1]
+            with pytest.raises(RayfleetError, match=f"cannot listen on 127.0.0.1:{port}"):
+                listen("127.0.0.1", port, reuse_port=True, accept=False)
+        held = listen("127.0.0.1", 0, reuse_port=True, accept=False)
+        worker = listen("127.0.0.1", held.getsockname()[1], reuse_port=True)  # its own worker
+        worker.close()
+        held.close()
+    finally:
+        plain.close()
+        shared.close()
