@@ -18,7 +18,8 @@ then counts the whole gateway's work.
 
 ``QuotaCells`` holds ``KEY_CELLS`` doubles per API key (request bucket level and time,
 token bucket level and time, requests in flight), changed under one lock that every
-worker holds a handle of. The buckets' times are ``time.monotonic()``, one clock for
+worker holds a handle of (``OrphanSafeLock``: a worker killed while holding it cannot
+stop the others). The buckets' times are ``time.monotonic()``, one clock for
 every process of a machine. A new block is made for each version of the file (``rayfleet
 apply`` rebuilds the keys, as it does in one process).
 """
@@ -33,6 +34,7 @@ from multiprocessing import shared_memory
 from typing import Any
 
 REFRESH_S = 0.005  # how often a worker sums the other workers' counts
+STALE_LOCK_S = 0.2  # a quota lock held this long was held by a worker that died
 KEY_CELLS = 5  # request level, request time, token level, token time, in flight
 _INT64 = 8
 _DOUBLE = 8
@@ -100,7 +102,7 @@ class QuotaCells:
 
     def __init__(self, block: shared_memory.SharedMemory, spec: QuotaSpec, lock: Any, owner: bool):
         self.spec = spec
-        self.lock = lock
+        self.lock = OrphanSafeLock(lock)
         self._block = block
         self._cells: memoryview[Any] = _buffer(block).cast("d")
         self._views = [
@@ -131,6 +133,33 @@ class QuotaCells:
 
     def close(self) -> None:
         _close(self._block, [*self._views, self._cells], unlink=self._owner)
+
+
+class OrphanSafeLock:
+    """The workers' quota lock as a context manager that a dead holder cannot wedge.
+
+    Its sections last microseconds, so a wait of ``STALE_LOCK_S`` means that its holder
+    was killed inside one (a worker killed by a signal, which the fleet replaces): the
+    lock is then released and taken over. Were the holder only slow, the cost is one
+    quota update out of step, never a lock held for good or released twice."""
+
+    def __init__(self, lock: Any):
+        self._lock = lock
+        self._held = False
+
+    def __enter__(self) -> OrphanSafeLock:
+        self._held = self._lock.acquire(timeout=STALE_LOCK_S)
+        if not self._held:
+            with contextlib.suppress(ValueError):  # released meanwhile after all
+                self._lock.release()
+            self._held = self._lock.acquire(timeout=STALE_LOCK_S)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._held:
+            self._held = False
+            with contextlib.suppress(ValueError):  # taken over by another worker
+                self._lock.release()
 
 
 def _buffer(block: shared_memory.SharedMemory) -> memoryview[Any]:

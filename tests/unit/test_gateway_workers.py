@@ -214,3 +214,17 @@ def test_the_port_held_for_workers_is_refused_when_another_serves_it():
     finally:
         plain.close()
         shared.close()
+
+
+def test_a_quota_lock_left_held_by_a_dead_worker_is_taken_over():
+    lock = multiprocessing.get_context("spawn").Lock()
+    cells = QuotaCells.create([(60.0, 0.0)], lock)
+    try:
+        lock.acquire()  # as a worker killed inside the lock's section leaves it
+        quota = KeyQuota("k", requests_per_minute=60, cells=cells.of_key(0), lock=cells.lock)
+        quota.admit(1, 1000.0)
+        quota.release()
+        assert lock.acquire(timeout=1)  # released again, not lost
+        lock.release()
+    finally:
+        cells.close()
