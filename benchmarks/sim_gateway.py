@@ -12,7 +12,8 @@ gateway-capacity benchmarks), and the small readers those benchmarks share.
 
 The gateway process takes the URLs as a static replica source (registry-style entries,
 ``pid`` the replica's index) and the model's ``routing`` from POLICY: a policy's name, or
-a name and options, ``prefix:load_factor=100,alpha=2`` (``routing_options``); it runs on
+a name and options, ``prefix:load_factor=100,alpha=2`` (``routing_options``; the option
+``workers=N`` serves it through gateway.workers' N processes instead); it runs on
 uvloop, as ``rayfleet up`` serves it, pinned to ``cpu`` when given. With ``workers``
 above 1, or ``pool``, it runs gateway.workers' pool instead (the process is their
 control), each worker pinned to one of ``worker_cpus``.
@@ -131,6 +132,19 @@ def routing_options(policy: str) -> dict[str, Any]:
     return fields
 
 
+def without_workers(policy: str) -> tuple[str, int | None]:
+    """``"prefix:workers=4,alpha=2"`` -> ``("prefix:alpha=2", 4)``; no workers: None."""
+    name, _, options = policy.partition(":")
+    kept, workers = [], None
+    for item in filter(None, options.split(",")):
+        key, _, value = item.partition("=")
+        if key == "workers":
+            workers = int(value)
+        else:
+            kept.append(item)
+    return (f"{name}:{','.join(kept)}" if kept else name), workers
+
+
 def _number_or_text(value: str) -> int | float | str:
     for kind in (int, float):
         with contextlib.suppress(ValueError):
@@ -166,6 +180,9 @@ def _serve(
         await stop.wait()
         await runner.cleanup()
 
+    policy, asked = without_workers(policy)
+    if asked is not None:  # "prefix:workers=4": this policy behind gateway.workers
+        workers, pool = asked, True
     if not pool:
         uvloop.run(main())
     else:
