@@ -155,6 +155,10 @@ class FleetProcess:
             done, _ = await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
             if ready in done:
                 ready.result()  # raises if a deployment failed
+                if self.pool is not None and not await self.pool.wait_synced(
+                    WORKERS_START_TIMEOUT_S
+                ):
+                    raise RayfleetError("gateway workers did not take the replica list in time")
                 self.state.phase = "ready"
                 self.state.save()
                 self._banner()

@@ -83,6 +83,7 @@ class Worker:
         self.run_dir = Path(spec.run_dir)
         self.counts = SharedCounts.attach(spec.counts, spec.index)
         self.generation = spec.generation
+        self.applied = -1  # the membership version last applied
         self.quotas = self._attach_quotas(spec.quotas)
         connector = aiohttp.UnixConnector(path=str(control_socket(self.run_dir)))
         self.control = aiohttp.ClientSession(connector=connector)
@@ -120,9 +121,14 @@ class Worker:
         if os.getppid() != self.spec.parent_pid:
             os.kill(os.getpid(), signal.SIGTERM)  # the fleet process is gone
         timeout = aiohttp.ClientTimeout(total=5.0)
-        async with self.control.get("http://fleet" + MEMBERSHIP_PATH, timeout=timeout) as r:
+        # ``applied``: the version of the last answer, which the gateway applied right
+        # after this call returned it (the fleet process waits for it before "ready").
+        query = {"worker": str(self.spec.index), "applied": str(self.applied)}
+        url = "http://fleet" + MEMBERSHIP_PATH
+        async with self.control.get(url, params=query, timeout=timeout) as r:
             r.raise_for_status()
             body: dict[str, Any] = await r.json()
+        self.applied = body["version"]
         self.gateway.replica_set.waiting_slots = body["waiting_slots"]
         if body["generation"] != self.generation:
             try:

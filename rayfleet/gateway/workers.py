@@ -145,6 +145,8 @@ class WorkerPool:
         self._slots: dict[str, int] = {}  # "replica:<id>" or "model:<name>" -> column
         self._free = list(range(NUM_SLOTS - 1, -1, -1))
         self._entries: list[Entry] = []
+        self._version = 0  # of the membership, one more at each registry poll
+        self._applied: dict[int, int] = {}  # worker -> the version it last applied
         self._processes: list[BaseProcess | None] = [None] * self.num_workers
         self._watcher: asyncio.Task[None] | None = None
         self._refresher: asyncio.Task[None] | None = None
@@ -165,6 +167,7 @@ class WorkerPool:
         async def entries() -> list[Entry]:
             fresh = await source()
             self._entries = self._assign(fresh)
+            self._version += 1
             return self._entries
 
         return entries
@@ -196,6 +199,17 @@ class WorkerPool:
             if not missing or exited or time.monotonic() >= deadline:
                 return missing
             await asyncio.sleep(0.1)
+
+    async def wait_synced(self, timeout_s: float) -> bool:
+        """Wait until every worker routes by the membership this process has now (so
+        that a fleet reported ready is ready on every worker); False after ``timeout_s``."""
+        target = self._version
+        deadline = time.monotonic() + timeout_s
+        while any(self._applied.get(w, -1) < target for w in range(self.num_workers)):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     def _alive(self, worker: int) -> bool:
         process = self._processes[worker]
@@ -315,12 +329,18 @@ class WorkerPool:
 
     # -- what the workers ask -----------------------------------------------------------
 
-    async def _membership(self, _request: web.Request) -> web.Response:
+    async def _membership(self, request: web.Request) -> web.Response:
+        with contextlib.suppress(KeyError, ValueError):
+            self._applied[int(request.query["worker"])] = int(request.query["applied"])
         models = [m.name for m in self.config.models]
         waiting = {m: self._slot(f"model:{m}") for m in models}
-        return web.json_response(
-            {"entries": self._entries, "waiting_slots": waiting, "generation": self.generation}
-        )
+        body = {
+            "entries": self._entries,
+            "waiting_slots": waiting,
+            "generation": self.generation,
+            "version": self._version,
+        }
+        return web.json_response(body)
 
     async def _config(self, _request: web.Request) -> web.Response:
         quotas = self.quotas.spec if self.quotas is not None else None
