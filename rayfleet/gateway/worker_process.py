@@ -142,13 +142,11 @@ class Worker:
         async with self.control.get("http://fleet" + CONFIG_PATH) as r:
             r.raise_for_status()
             generation, config, quota_spec, hold_s = pickle.loads(await r.read())
-        old = self.quotas
         self.quotas = self._attach_quotas(quota_spec)
         policies = await asyncio.to_thread(self._policies, config, self.quotas)
         await self.gateway.reconfigure([m.name for m in config.models], policies, hold_s)
         self.generation = generation
         self.share.hook()
-        del old  # its requests in flight still hold it; it goes with them
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
         """Pass a request to the fleet process and its answer back."""
@@ -203,10 +201,10 @@ class Worker:
             replica_set.refresh_shared()
 
 
-def _open_access_log(path: str | None) -> logging.Handler | None:
+def _open_access_log(path: str | None) -> logging.Handler:
     from rayfleet.gateway.access_log import open_access_log
 
-    return open_access_log(Path(path)) if path is not None else open_access_log(None)
+    return open_access_log(Path(path) if path is not None else None)
 
 
 async def _serve(spec: WorkerSpec) -> None:
