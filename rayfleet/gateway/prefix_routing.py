@@ -15,7 +15,11 @@ steps). So a replica holding a shared prefix keeps winning while the requests it
 than another cost less than the prefill it saves, and no longer: a dominant prefix spreads
 to a second replica as soon as the first one's extra queue outweighs it, with no fixed gap
 and no switch for the whole fleet. Replicas with ``max_inflight`` requests in flight are
-skipped while another has room. Ties go to a random one of the tied.
+skipped while another has room. Ties go to the tied replica whose index holds the
+fewest blocks, and among those to a random one: a new prefix goes where it evicts least.
+On two real vLLM servers that each hold 60% of the workload's prefixes, groups placed by
+chance split unevenly (5 and 3 of 8, say), and the fuller server evicted what it would
+have reused.
 
 The cost alone still lets one dominant prefix make its holders hot: ``request_cost``
 weighs a request by its prefill, and a request whose prompt is cached weighs about one
@@ -180,7 +184,20 @@ class PrefixRouting:
                 tied = [(i, held)]
             elif cost == best:
                 tied.append((i, held))
-        return tied[0] if len(tied) == 1 else self._rng.choice(tied)
+        if len(tied) == 1:
+            return tied[0]
+        return self._rng.choice(self._roomiest(tied, tables))
+
+    @staticmethod
+    def _roomiest(
+        tied: list[tuple[int, int]], tables: Sequence[BlockTable]
+    ) -> list[tuple[int, int]]:
+        """Of replicas tied in cost, those whose index holds the fewest blocks: a prefix
+        none of them holds goes where it evicts least, so the groups of a workload split
+        evenly over the replicas instead of by chance, and a replica left with more than
+        its cache holds does not get still more."""
+        fewest = min(len(tables[i]) for i, _ in tied)
+        return [entry for entry in tied if len(tables[entry[0]]) == fewest]
 
     def learn_from_peer(self, replica: Replica, hashes: Sequence[int]) -> None:
         """What another worker of the gateway sent ``replica``: it holds ``hashes`` now."""

@@ -157,7 +157,9 @@ def test_replicas_whose_queue_outweighs_the_best_are_skipped_without_changing_th
             for r, h in zip(fleet, held, strict=True)
         ]
         tied = [i for i, cost in enumerate(costs) if cost == min(costs)]
-        chosen = tied[0] if len(tied) == 1 else random.Random(trial).choice(tied)
+        fewest = min(len(tables[i]) for i in tied)
+        roomiest = [i for i in tied if len(tables[i]) == fewest]
+        chosen = tied[0] if len(tied) == 1 else random.Random(trial).choice(roomiest)
         assert policy._cheapest(fleet, tables, hashes, bound) == (chosen, held[chosen])
 
 
@@ -176,6 +178,22 @@ def test_ties_are_broken_at_random_and_replicas_over_the_hard_limit_skipped():
     for r in fleet:
         r.num_inflight = 3  # all at the limit: the cost decides again
     assert policy.pick(chat([system, {"role": "user", "content": "y"}]), fleet) is fleet[0]
+
+
+def test_prefixes_no_replica_holds_split_evenly_over_idle_replicas():
+    """Eight groups' system prompts, each new to the fleet, reach two idle replicas: each
+    goes where the index holds fewer blocks, so each replica gets four (by chance alone,
+    5 and 3 or worse in most orders)."""
+    for seed in range(20):
+        policy = PrefixRouting(RoutingConfig(policy="prefix"), rng=random.Random(seed))
+        fleet = replicas(2)
+        systems = [
+            {"role": "system", "content": words(seed * 10 + g, 30 * BLOCK)} for g in range(8)
+        ]
+        placed = [policy.pick(chat([s]), fleet) for s in systems]
+        assert sorted(sum(r is f for r in placed) for f in fleet) == [4, 4]
+        again = [policy.pick(chat([s, {"role": "user", "content": "and"}]), fleet) for s in systems]
+        assert again == placed  # and each group stays where it went
 
 
 def test_a_cached_replica_over_the_load_bound_is_passed_over_however_cheap():
