@@ -102,7 +102,7 @@ class Gateway:
                 self.metrics.registry,
                 period_s=replica_metrics_period_s,
                 on_stats=lambda r, s: size_index(
-                    self.dispatcher.replica_policies.get(r.model), r, s
+                    self.dispatcher.replica_policies.get(r.model), r, s.kv_cache_tokens
                 ),
             )
             if replica_metrics_period_s is not None

@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from prometheus_client import Counter
 
 from rayfleet.config.routing import RoutingConfig
-from rayfleet.control.load_signal import EngineStats
 from rayfleet.gateway.least_load import LeastLoad
 from rayfleet.gateway.metrics import GatewayMetrics
 from rayfleet.gateway.prefix_routing import PickObserver, PrefixRouting, UsageCounter
@@ -78,12 +77,13 @@ class TimedPolicy:
         return replica
 
 
-def size_index(policy: ReplicaPolicy | None, replica: Replica, stats: EngineStats) -> None:
-    """Bound a prefix policy's index of ``replica`` to the KV cache its vLLM reports; a
-    no-op for other policies and for a server that does not say."""
+def size_index(policy: ReplicaPolicy | None, replica: Replica, kv_cache_tokens: int | None) -> None:
+    """Bound a prefix policy's index of ``replica`` to the KV cache its vLLM reports
+    (``EngineStats.kv_cache_tokens``); a no-op for other policies and for a server that
+    does not say."""
     sizer: IndexSizer | None = getattr(policy, "size_index", None)
-    if sizer is not None and stats.kv_cache_tokens:
-        sizer(replica, stats.kv_cache_tokens)
+    if sizer is not None and kv_cache_tokens:
+        sizer(replica, kv_cache_tokens)
 
 
 def _hit_counter(model: str, metrics: GatewayMetrics) -> PickObserver:

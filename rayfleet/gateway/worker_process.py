@@ -9,6 +9,9 @@
         (where the fleet process reads this worker's /metrics)
     share what its prefix picks learn with the other workers (index_sharing.py)
     every REFRESH_S: each replica's in flight summed over the workers
+    each membership poll: the KV cache size of each replica that the fleet process read
+        from its /metrics, for the prefix index (workers do not read the replicas'
+        /metrics themselves: N workers would multiply that load on every vLLM by N)
     ... until SIGTERM (the fleet stopping it) or the fleet process is gone ...
     stop accepting, finish what it carries, exit
 
@@ -111,6 +114,7 @@ class Worker:
             hold_s=self.spec.hold_s,
             extra_routes=forwarded,
             control=self.forward,
+            replica_metrics_period_s=None,  # the fleet process reads them (membership)
         )
         gateway.replica_set.shared = self.counts
         gateway.response_headers[WORKER_HEADER] = str(self.spec.index)
@@ -130,6 +134,7 @@ class Worker:
             body: dict[str, Any] = await r.json()
         self.applied = body["version"]
         self.gateway.replica_set.waiting_slots = body["waiting_slots"]
+        size_indexes(self.gateway, body.get("kv_cache_tokens", {}))
         if body["generation"] != self.generation:
             try:
                 await self._reconfigure()
@@ -199,6 +204,18 @@ class Worker:
         while True:
             await asyncio.sleep(REFRESH_S)
             replica_set.refresh_shared()
+
+
+def size_indexes(gateway: Gateway, kv_cache_tokens: dict[str, int]) -> None:
+    """Size each replica's prefix index by the KV cache tokens the fleet process read
+    (by replica id); replicas this worker does not know yet are sized at a later poll."""
+    from rayfleet.gateway.routing import size_index
+
+    policies = gateway.dispatcher.replica_policies
+    for replica in gateway.replica_set.replicas():
+        tokens = kv_cache_tokens.get(replica.replica_id)
+        if tokens:
+            size_index(policies.get(replica.model), replica, tokens)
 
 
 def _open_access_log(path: str | None) -> logging.Handler:

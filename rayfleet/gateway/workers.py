@@ -29,7 +29,10 @@ What must agree across workers, and how:
   block hashes agree;
 - **membership and draining**: every worker polls the fleet process each
   ``poll_interval_s``, as one gateway polls the registry; a draining replica is out of
-  every worker's rotation within one poll (control/drain.py waits longer than that).
+  every worker's rotation within one poll (control/drain.py waits longer than that);
+- **the replicas' /metrics**: read by the fleet process alone, every 5 s as one gateway
+  reads them (replica_gauges.py); the membership answer carries each replica's KV cache
+  size, by which the workers size their prefix indexes.
 
 ``rayfleet apply`` gives the workers the new file: the membership answer carries the
 file's generation, and a worker that sees a new one fetches it
@@ -339,8 +342,20 @@ class WorkerPool:
             "waiting_slots": waiting,
             "generation": self.generation,
             "version": self._version,
+            "kv_cache_tokens": self._kv_cache_tokens(),
         }
         return web.json_response(body)
+
+    def _kv_cache_tokens(self) -> dict[str, int]:
+        """Each replica's KV cache size in tokens, as this process last read it from the
+        replica's /metrics: the workers size their prefix indexes by it."""
+        gauges = self._gateway.replica_gauges
+        readings = gauges.readings.items() if gauges is not None else ()
+        return {
+            replica_id: stats.kv_cache_tokens
+            for (_, replica_id), stats in readings
+            if stats is not None and stats.kv_cache_tokens
+        }
 
     async def _config(self, _request: web.Request) -> web.Response:
         quotas = self.quotas.spec if self.quotas is not None else None

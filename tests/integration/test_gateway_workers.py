@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -172,6 +173,31 @@ def _metric_sum(fleet: RunningFleet, name: str) -> float:
         for line in text.splitlines()
         if line.startswith(name + "{") or line.startswith(name + " ")
     )
+
+
+def test_only_the_fleet_process_reads_the_replicas_metrics(fleet: RunningFleet):
+    """N workers reading every vLLM's /metrics would multiply that load by N: the fleet
+    process reads them, and its page has both replicas; a worker's own page has none."""
+    assert wait_until(lambda: _metric_sum(fleet, "rayfleet_replica_up") == 2, TIMEOUT_S)
+    for worker, pid in enumerate(fleet.status()["gateway_workers"]["pids"]):
+        page = _worker_page(pid, f"worker-{worker}.sock", "/metrics")
+        assert "rayfleet_requests_total" in page  # a worker's page, read from it
+        assert "rayfleet_replica_up" not in page
+
+
+def _worker_page(pid: int, socket_name: str, path: str) -> str:
+    """GET ``path`` from a worker over its own Unix socket (found among its sockets)."""
+    paths = [c.laddr for c in psutil.Process(pid).net_connections(kind="unix")]
+    (address,) = [p for p in paths if isinstance(p, str) and p.endswith(socket_name)]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(address)
+        sock.sendall(f"GET {path} HTTP/1.0\r\nHost: worker\r\n\r\n".encode())
+        chunks = iter(lambda: sock.recv(65536), b"")
+        response = b"".join(chunks).decode()
+    head, _, body = response.partition("\r\n\r\n")
+    assert head.split(" ", 2)[1] == "200", head
+    return body
 
 
 def test_admin_endpoints_answer_through_a_worker(fleet: RunningFleet):

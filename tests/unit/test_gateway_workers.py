@@ -26,6 +26,7 @@ from rayfleet.gateway.replica_policy import RequestInfo
 from rayfleet.gateway.replicas import Replica, ReplicaSet
 from rayfleet.gateway.server import listen
 from rayfleet.gateway.shared_state import CountsSpec, QuotaCells, SharedCounts
+from rayfleet.gateway.worker_process import size_indexes
 
 
 def _count_in_other_process(spec: CountsSpec, row: int, slot: int, times: int) -> None:
@@ -174,6 +175,21 @@ def test_what_one_worker_learns_the_others_route_by(tmp_path: Path):
     chosen, picked, sent = asyncio.run(scenario())
     assert picked == chosen and len(set(chosen)) > 1
     assert sent == 1  # six picks in one turn of the loop: one datagram
+
+
+def test_a_worker_sizes_its_index_by_the_kv_cache_the_fleet_process_read():
+    """Workers do not read the replicas' /metrics; the membership answer carries each
+    replica's KV cache tokens, and the index holds no more of a replica than that."""
+    gateway = _prefix_gateway()
+    # 400 tokens at 4 characters a token: 25 blocks of 64 characters for r0; r1 unsaid.
+    size_indexes(gateway, {"r0": 400, "gone": 10_000})
+    policy = gateway.dispatcher.replica_policies["m"].policy  # under TimedPolicy
+    replicas = {r.replica_id: r for r in gateway.replica_set.replicas("m")}
+    long_prompt = {"prompt": "a long story about nothing at all. " * 200}  # 109 blocks
+    for replica_id in ("r0", "r1"):
+        table = policy.index.table_of(replicas[replica_id])
+        policy.index.record(table, policy.hasher.hashes("", long_prompt["prompt"]))
+    assert policy.index.num_blocks() == {"r0": 25, "r1": 109}
 
 
 def _pick(gateway: Gateway, request: RequestInfo) -> str:
