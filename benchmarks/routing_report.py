@@ -84,10 +84,12 @@ def goal_lines(report: dict) -> list[str]:
 
 def _restart_line(windows: list[dict]) -> str:
     before = [w["hit_rate"] for w in windows if not w["restarted"]][1:]  # past the cold start
-    level = statistics.fmean(before) if before else 0.0
     after = [w for w in windows if w["restarted"]]
     if not after:
         return _line(False, "restart: the run ended before the restart")
+    if not before:  # a level of 0 would pass at once: nothing was measured
+        return _line(False, "restart: no window past the cold start came before the restart")
+    level = statistics.fmean(before)
     start = after[0]["t_s"] - 5.0
     recovered = next((w for w in after[1:] if w["hit_rate"] >= 0.9 * level), None)
     if recovered is None:
