@@ -19,7 +19,8 @@ skipped while another has room. Ties go to the tied replica whose index holds th
 fewest blocks, and among those to a random one: a new prefix goes where it evicts least.
 On two real vLLM servers that each hold 60% of the workload's prefixes, groups placed by
 chance split unevenly (5 and 3 of 8, say), and the fuller server evicted what it would
-have reused.
+have reused. (Measured after the change, the hit rate's gain there was within the spread
+between rounds: README.)
 
 The cost alone still lets one dominant prefix make its holders hot: ``request_cost``
 weighs a request by its prefill, and a request whose prompt is cached weighs about one
