@@ -10,9 +10,11 @@ measures that ceiling with work that shares nothing: N processes, each pinned to
 its own, each doing the same fixed amount of pure-Python work (dict inserts and lookups,
 string building, bytes scans: the kind of work a gateway does per request) with no
 communication. Per N: each process's wall time and CPU time for the work, and the
-aggregate speed ``N * t1 / mean(tN)`` where t1 is one process alone in the same round.
-Rounds alternate the order of N (ascending, then descending) so drift over the run falls
-on every N alike. A perfect machine prints N; the gateway's scaling is read against this.
+aggregate speed ``N * t1 / mean(tN)`` where t1 is the N = 1 run of the same round. Rounds
+alternate the order of N (ascending, then descending) so drift over the run falls on every
+N alike; the spread over rounds is printed too, since a shared machine's core speed
+drifts within a minute. A perfect machine prints N; the gateway's scaling is read against
+this.
 """
 
 from __future__ import annotations
@@ -75,32 +77,27 @@ def main() -> None:
     args = parser.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     counts = [n for n in (int(x) for x in args.processes.split(",")) if n <= len(cpus)]
+    if 1 not in counts:
+        parser.error("--processes must include 1: every ratio is to one process")
     rows: list[dict[str, float]] = []
     for round_no in range(args.rounds):
-        order = counts if round_no % 2 == 0 else counts[::-1]
-        ((alone, alone_cpu),) = run_together(1, args.work, cpus)
-        for n in order:
+        for n in counts if round_no % 2 == 0 else counts[::-1]:
             times = run_together(n, args.work, cpus)
             wall = statistics.mean(w for w, _ in times)
             cpu = statistics.mean(c for _, c in times)
-            rows.append(
-                {"round": round_no, "n": n, "wall_s": wall, "cpu_s": cpu}
-                | {"alone_s": alone, "alone_cpu_s": alone_cpu}
-            )
-            print(
-                f"round {round_no}  N={n:2d}  per process {wall:.2f} s wall, {cpu:.2f} s CPU"
-                f"  (alone {alone:.2f} s)  aggregate {n * alone / wall:5.2f}"
-                f" ({alone / wall:.2f} N)",
-                flush=True,
-            )
-    print("\nN   aggregate speed, mean of rounds (a perfect machine prints N)")
+            rows.append({"round": round_no, "n": n, "wall_s": wall, "cpu_s": cpu})
+            print(f"round {round_no}  N={n:2d}  per process {wall:.2f} s wall, {cpu:.2f} s CPU")
+    print("\nN   aggregate speed against N = 1 of the same round: mean (range over rounds)")
     for n in counts:
-        mine = [r for r in rows if r["n"] == n]
-        speed = statistics.mean(n * r["alone_s"] / r["wall_s"] for r in mine)
-        cpu_ratio = statistics.mean(r["cpu_s"] / r["alone_cpu_s"] for r in mine)
+        speeds = []
+        for round_no in range(args.rounds):
+            (one,) = [r for r in rows if r["round"] == round_no and r["n"] == 1]
+            (mine,) = [r for r in rows if r["round"] == round_no and r["n"] == n]
+            speeds.append(n * one["wall_s"] / mine["wall_s"])
+        mean = statistics.mean(speeds)
         print(
-            f"{n:2d}  {speed:5.2f}  ({speed / n:.2f} N;"
-            f" CPU time per unit of work {cpu_ratio:.2f}x alone)"
+            f"{n:2d}  {mean:5.2f} = {mean / n:.2f} N"
+            f"  ({min(speeds) / n:.2f}-{max(speeds) / n:.2f} N)"
         )
     if args.out:
         Path(f"{args.out}.json").write_text(json.dumps({"cpus": len(cpus), "rows": rows}, indent=1))
