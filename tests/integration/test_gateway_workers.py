@@ -188,7 +188,8 @@ def test_only_the_fleet_process_reads_the_replicas_metrics(fleet: RunningFleet):
 def _worker_page(pid: int, socket_name: str, path: str) -> str:
     """GET ``path`` from a worker over its own Unix socket (found among its sockets)."""
     paths = [c.laddr for c in psutil.Process(pid).net_connections(kind="unix")]
-    (address,) = [p for p in paths if isinstance(p, str) and p.endswith(socket_name)]
+    # A set: a connection the worker accepted on it has the same local path.
+    (address,) = {p for p in paths if isinstance(p, str) and p.endswith(socket_name)}
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(30)
         sock.connect(address)
