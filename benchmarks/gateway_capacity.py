@@ -28,9 +28,11 @@ first at which the gateway achieves less than 95% of the offered rate.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -94,17 +96,38 @@ def summary(output: RunOutput) -> dict[str, float]:
     }
 
 
-def measure(args: argparse.Namespace) -> list[dict]:
-    gateway_cpus, sim_cpus, client_cpus = placement(args.sim_processes, args.workers)
-    rows = []
-    with sim_fleets(ZERO_COST, args.replicas, args.sim_processes) as fleets:
+@contextlib.contextmanager
+def pinned_fleet(
+    num_replicas: int, num_sims: int, num_workers: int
+) -> Iterator[tuple[list[str], list[int] | None]]:
+    """Zero-cost simulated replicas over ``num_sims`` processes, each simulator process
+    and this process (the client) pinned as ``placement`` says: (the replicas' urls, a
+    core per gateway process or None)."""
+    gateway_cpus, sim_cpus, client_cpus = placement(num_sims, num_workers)
+    with sim_fleets(ZERO_COST, num_replicas, num_sims) as fleets:
         for n, fleet in enumerate(fleets):
             if sim_cpus is not None and fleet.proc is not None:
                 os.sched_setaffinity(fleet.proc.pid, {sim_cpus[n]})
         if client_cpus is not None:
             os.sched_setaffinity(0, client_cpus)  # the client's worker processes inherit it
-        urls = [url for fleet in fleets for url in fleet.urls]
-        with GatewayProcess(
+        yield [url for fleet in fleets for url in fleet.urls], gateway_cpus
+
+
+def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the simulated fleet and the client, shared with gateway_scaling.py."""
+    parser.add_argument("--replicas", type=int, default=64)
+    parser.add_argument(
+        "--sim-processes", type=int, default=1, help="simulator processes, a core each"
+    )
+    parser.add_argument("--client-processes", type=int, default=max(1, (os.cpu_count() or 1) - 2))
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def measure(args: argparse.Namespace) -> list[dict]:
+    rows = []
+    with (
+        pinned_fleet(args.replicas, args.sim_processes, args.workers) as (urls, gateway_cpus),
+        GatewayProcess(
             urls,
             MODEL,
             "least_load",
@@ -112,34 +135,33 @@ def measure(args: argparse.Namespace) -> list[dict]:
             workers=args.workers,
             worker_cpus=gateway_cpus,
             pool=args.pool,
-        ) as gateway:
-            direct_target = Target(urls[0], "/v1/completions", MODEL)
-            gateway_target = Target(gateway.url, "/v1/completions", MODEL)
-            for target in (direct_target, gateway_target):  # connections made, code warm
-                run(target, 100, 2, args.client_processes, args.seed)
-            rows += [closed_loop(gateway, gateway_target, c, args) for c in args.concurrency]
-            for rate in args.rates:
-                share = rate / args.sim_processes
-                direct = summary(
-                    run(direct_target, share, args.duration_s, args.client_processes, args.seed)
-                )
-                before = gateway.cpu_s()
-                output = run(
-                    gateway_target, rate, args.duration_s, args.client_processes, args.seed
-                )
-                used_s = gateway.cpu_s() - before
-                through = summary(output)
-                row = {
-                    "rate": rate,
-                    "workers": args.workers,
-                    "pool": args.pool or args.workers > 1,
-                    "direct": direct,
-                    "gateway": through,
-                    "gateway_cpu_us_per_request": 1e6 * used_s / max(len(output.results), 1),
-                    "gateway_cpu_share": used_s / output.duration_s,
-                }
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+        ) as gateway,
+    ):
+        direct_target = Target(urls[0], "/v1/completions", MODEL)
+        gateway_target = Target(gateway.url, "/v1/completions", MODEL)
+        for target in (direct_target, gateway_target):  # connections made, code warm
+            run(target, 100, 2, args.client_processes, args.seed)
+        rows += [closed_loop(gateway, gateway_target, c, args) for c in args.concurrency]
+        for rate in args.rates:
+            share = rate / args.sim_processes
+            direct = summary(
+                run(direct_target, share, args.duration_s, args.client_processes, args.seed)
+            )
+            before = gateway.cpu_s()
+            output = run(gateway_target, rate, args.duration_s, args.client_processes, args.seed)
+            used_s = gateway.cpu_s() - before
+            through = summary(output)
+            row = {
+                "rate": rate,
+                "workers": args.workers,
+                "pool": args.pool or args.workers > 1,
+                "direct": direct,
+                "gateway": through,
+                "gateway_cpu_us_per_request": 1e6 * used_s / max(len(output.results), 1),
+                "gateway_cpu_share": used_s / output.duration_s,
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     return rows
 
 
@@ -210,11 +232,7 @@ def main() -> None:
         type=lambda text: [float(r) for r in text.split(",") if r],
     )
     parser.add_argument("--duration-s", type=float, default=10.0)
-    parser.add_argument("--replicas", type=int, default=64)
-    parser.add_argument(
-        "--sim-processes", type=int, default=1, help="simulator processes, a core each"
-    )
-    parser.add_argument("--client-processes", type=int, default=max(1, (os.cpu_count() or 1) - 2))
+    add_fleet_arguments(parser)
     parser.add_argument(
         "--workers",
         type=int,
@@ -238,7 +256,6 @@ def main() -> None:
         default=5000.0,
         help="a closed-loop round sends this many requests per --duration-s second",
     )
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("results/gateway_capacity.json"))
     args = parser.parse_args()
     rows = measure(args)

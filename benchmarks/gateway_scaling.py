@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gateway_capacity import MODEL, ZERO_COST, placement, run, summary
-from sim_gateway import GatewayProcess, sim_fleets
+from gateway_capacity import MODEL, add_fleet_arguments, pinned_fleet, run, summary
+from sim_gateway import GatewayProcess
 
 from rayfleet.bench.client import Target
 
@@ -66,15 +65,8 @@ def one_round(
 
 def measure(args: argparse.Namespace) -> list[dict]:
     counts = sorted(set(args.workers))
-    gateway_cpus, sim_cpus, client_cpus = placement(args.sim_processes, max(counts))
     rows: list[dict] = []
-    with sim_fleets(ZERO_COST, args.replicas, args.sim_processes) as fleets:
-        for n, fleet in enumerate(fleets):
-            if sim_cpus is not None and fleet.proc is not None:
-                os.sched_setaffinity(fleet.proc.pid, {sim_cpus[n]})
-        if client_cpus is not None:
-            os.sched_setaffinity(0, client_cpus)
-        urls = [url for fleet in fleets for url in fleet.urls]
+    with pinned_fleet(args.replicas, args.sim_processes, max(counts)) as (urls, gateway_cpus):
         for round_no in range(args.rounds):
             for workers in counts if round_no % 2 == 0 else counts[::-1]:
                 row = {"round": round_no, **one_round(urls, workers, gateway_cpus, args)}
@@ -108,9 +100,7 @@ def main() -> None:
     parser.add_argument("--workers", type=lambda t: [int(x) for x in t.split(",")], default=[1, 2])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration-s", type=float, default=6.0)
-    parser.add_argument("--replicas", type=int, default=64)
-    parser.add_argument("--sim-processes", type=int, default=1)
-    parser.add_argument("--client-processes", type=int, default=max(1, (os.cpu_count() or 1) - 2))
+    add_fleet_arguments(parser)
     parser.add_argument("--in-flight-per-worker", type=int, default=64)
     parser.add_argument(
         "--max-rps-per-worker",
@@ -118,7 +108,6 @@ def main() -> None:
         default=4000.0,
         help="sizes the closed loop's request count: this x workers x duration",
     )
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("results/gateway_scaling.json"))
     args = parser.parse_args()
     if 1 not in args.workers:
