@@ -212,10 +212,8 @@ def size_indexes(gateway: Gateway, kv_cache_tokens: dict[str, int]) -> None:
     from rayfleet.gateway.routing import size_index
 
     policies = gateway.dispatcher.replica_policies
-    for replica in gateway.replica_set.replicas():
-        tokens = kv_cache_tokens.get(replica.replica_id)
-        if tokens:
-            size_index(policies.get(replica.model), replica, tokens)
+    for replica in gateway.replica_set.replicas():  # size_index skips an unknown size
+        size_index(policies.get(replica.model), replica, kv_cache_tokens.get(replica.replica_id))
 
 
 def _open_access_log(path: str | None) -> logging.Handler:
