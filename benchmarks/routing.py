@@ -160,6 +160,8 @@ def run_fleet(num_replicas: int, args: argparse.Namespace) -> dict[str, dict[str
     results: dict[str, dict[str, list[dict]]] = {}
     with sim_fleet(spec, num_replicas, args.sim_processes) as urls:
         for scenario in scenarios(num_replicas, args.rate[num_replicas], args.round_s, args.seed):
+            if args.scenarios and scenario.name not in args.scenarios:
+                continue
             per_policy = results.setdefault(scenario.name, {p: [] for p in args.policies})
             for round_ in range(args.rounds):
                 order = args.policies if round_ % 2 == 0 else args.policies[::-1]
@@ -230,10 +232,28 @@ def per_size(text: str, cast: type) -> dict[int, float]:
     return {int(k): cast(v) for k, v in (item.split(":") for item in text.split(","))}
 
 
+def policy_list(text: str) -> list[str]:
+    """'least_load,prefix:alpha=2,load_factor=0.5' -> ['least_load',
+    'prefix:alpha=2,load_factor=0.5']: an item with '=' and no ':' is one more option of the
+    policy before it."""
+    policies: list[str] = []
+    for item in text.split(","):
+        if policies and "=" in item and ":" not in item:
+            policies[-1] += "," + item
+        else:
+            policies.append(item)
+    return policies
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--replicas", default="8,64")
-    parser.add_argument("--policies", default=",".join(POLICIES), type=lambda t: t.split(","))
+    parser.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        type=policy_list,
+        help="comma-separated; a policy's options follow its name: prefix:alpha=2,load_factor=0.5",
+    )
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--time-scale", default="8:5,64:40", type=lambda t: per_size(t, float))
     parser.add_argument("--rate", default="8:45,64:70", type=lambda t: per_size(t, float))
@@ -241,6 +261,13 @@ def main() -> None:
     parser.add_argument("--kv-fraction", type=float, default=0.25)
     parser.add_argument("--restart-duration-s", type=float, default=60.0)
     parser.add_argument("--restart-only", action="store_true")
+    parser.add_argument("--no-restart", action="store_true", help="skip the restart case")
+    parser.add_argument(
+        "--scenarios",
+        type=lambda t: t.split(","),
+        default=None,
+        help="only these: shared-prefix,saturation,zipf-dominant,no-reuse (default: all)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sim-processes", type=int, default=1)
     parser.add_argument("--client-processes", type=int, default=1)
@@ -252,8 +279,9 @@ def main() -> None:
         for num_replicas in sizes:
             report["fleets"][str(num_replicas)] = run_fleet(num_replicas, args)
             print_table(num_replicas, report["fleets"][str(num_replicas)])
-    print(f"restart case: {sizes[0]} replicas, prefix, shared-prefix", flush=True)
-    report["restart"] = run_restart(sizes[0], args)
+    if not args.no_restart:
+        print(f"restart case: {sizes[0]} replicas, prefix, shared-prefix", flush=True)
+        report["restart"] = run_restart(sizes[0], args)
     for line in goal_lines(report):
         print(line)
     args.out.parent.mkdir(parents=True, exist_ok=True)
