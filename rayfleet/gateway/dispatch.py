@@ -185,6 +185,7 @@ class Dispatcher:
                 reason="upstream_failed",
             )
         else:
+            journey.admission.refund()  # nothing was done for it: the key is not charged
             error = RequestError(
                 503,
                 f"No healthy replica of model '{model}' is available right now. "

@@ -178,6 +178,11 @@ class TokenBucket:
             self._cells[self._at] -= amount
         return wait
 
+    def give_back(self, amount: float, now: float) -> None:
+        """Return ``amount`` taken earlier, up to the capacity."""
+        self._refill(now)
+        self._cells[self._at] = min(self.capacity, self.level + amount)
+
 
 class KeyQuota:
     """One API key's request rate, token rate and concurrency.
@@ -279,6 +284,16 @@ class KeyQuota:
     def release(self) -> None:
         with self._lock:
             self._cells[4] -= 1
+
+    def refund(self, num_tokens: int, now: float) -> None:
+        """Give back what ``admit`` took of the rates (one request, ``num_tokens``
+        tokens): the request was answered without any replica or provider doing work
+        for it. Its place in flight is ``release``'s."""
+        with self._lock:
+            if self.requests is not None:
+                self.requests.give_back(1, now)
+            if self.tokens is not None:
+                self.tokens.give_back(num_tokens, now)
 
 
 def _rate_limited(message: str, wait_s: float, what: str) -> RequestError:

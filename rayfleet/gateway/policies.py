@@ -104,6 +104,7 @@ class Admission:
     priority_class: PriorityClass | None = None
     key: ApiKey | None = None
     clamped: bool = False
+    charged_tokens: int = 0  # what the key's token rate was charged for it
 
     @property
     def destination(self) -> str:
@@ -119,6 +120,12 @@ class Admission:
         if self.key is not None:
             self.key.quota.release()
             self.key = None
+
+    def refund(self) -> None:
+        """Give the key back its request and tokens: the gateway answered with nothing
+        done for it (no replica, and no provider to take it)."""
+        if self.key is not None:
+            self.key.quota.refund(self.charged_tokens, time.monotonic())
 
 
 @dataclass
@@ -263,7 +270,7 @@ class Policies:
             self._check_context(target, facts, max_tokens)
         if key is not None:
             counted_with = target if target is not None else (route.tokenizer if route else None)
-            self._charge(key, facts, counted_with, max_tokens, limits)
+            admission.charged_tokens = self._charge(key, facts, counted_with, max_tokens, limits)
             admission.key = key
         priority_class = admission.priority_class
         if priority_class is not None and priority_class.priority != 0 and target is not None:
@@ -358,9 +365,12 @@ class Policies:
         model: str | None,
         max_tokens: int | None,
         limits: Limits,
-    ) -> None:
+    ) -> int:
+        """Count the request against ``key``'s quota (429 when over it); the tokens
+        charged."""
         num_tokens = 0
         if key.quota.counts_tokens:
             output = max_tokens or limits.max_tokens or self.contexts.get(model or "", 0)
             num_tokens = facts.prompt_tokens(model) + output
         key.quota.admit(num_tokens, time.monotonic())
+        return num_tokens

@@ -429,3 +429,18 @@ def test_time_of_day_uses_the_configured_zone():
     policies.clock = lambda: three_utc
     admission = policies.admit("/v1/completions", parsed, 10, {}, lambda m: True)
     assert admission.route_rule == "night" and admission.provider.name == "backup"
+
+
+def test_key_quota_refund_gives_back_the_request_and_its_tokens_up_to_the_capacity():
+    quota = KeyQuota("a", requests_per_minute=1, tokens_per_minute=100)
+    quota.admit(60, now=0.0)
+    quota.release()
+    with pytest.raises(RequestError):
+        quota.admit(1, now=0.0)
+    quota.refund(60, now=0.0)
+    quota.admit(100, now=0.0)  # the request and all 100 tokens are back
+    quota.release()
+    quota.refund(100, now=0.0)
+    quota.refund(100, now=0.0)  # more than was taken: no more than the capacity
+    assert quota.requests is not None and quota.requests.level == 1.0
+    assert quota.tokens is not None and quota.tokens.level == 100.0

@@ -209,3 +209,53 @@ def test_a_key_over_its_rate_is_refused_before_its_body_is_read():
 
     first, second, retry_after = asyncio.run(main())
     assert first == 200 and second == 429 and retry_after is not None
+
+
+def test_a_request_no_replica_could_take_costs_its_key_nothing():
+    """A 503 for want of a replica gives the key back its request and tokens: once the
+    model has a replica again, a key of one request a minute is served, not refused for
+    the minute the gateway could not serve it."""
+    from rayfleet.gateway.app import Gateway
+    from rayfleet.gateway.server import start_gateway
+
+    limited = {"name": "one", "key_sha256": hash_key(ALPHA), "requests_per_minute": 1}
+    limited["tokens_per_minute"] = 100_000
+    fleet = parse_fleet(
+        {"gateway": {"api_keys": [limited]}, "models": [{"name": "a", "source": "/models/none"}]}
+    )
+
+    async def main():
+        upstream = Recorder()
+        app = web.Application()
+        for route in ROUTES:
+            app.router.add_post(route, upstream.answer)
+        up_runner = web.AppRunner(app, access_log=None)
+        await up_runner.setup()
+        await web.TCPSite(up_runner, "127.0.0.1", 0).start()
+        host, port = up_runner.addresses[0][:2]
+        replicas: list[dict[str, str]] = []
+
+        async def source() -> list[dict[str, str]]:
+            return replicas
+
+        gateway = Gateway(
+            ["a"], source, policies=Policies.from_fleet(fleet), replica_metrics_period_s=None
+        )
+        runner = await start_gateway(gateway, "127.0.0.1", 0)
+        url = "http://{}:{}".format(*runner.addresses[0][:2])
+        try:
+            async with aiohttp.ClientSession(url) as client:
+                statuses = [(await ask(client, "a", ALPHA))[0] for _ in range(3)]
+                replicas.append({"replica_id": "a#0", "model": "a", "url": f"http://{host}:{port}"})
+                await gateway.refresh()
+                served, _ = await ask(client, "a", ALPHA)
+                refused, answer = await ask(client, "a", ALPHA)  # its one request is spent now
+                return statuses, served, refused, answer["headers"].get("Retry-After")
+        finally:
+            await runner.cleanup()
+            await up_runner.cleanup()
+
+    statuses, served, refused, retry_after = asyncio.run(main())
+    assert statuses == [503, 503, 503]
+    assert served == 200
+    assert refused == 429 and retry_after is not None
