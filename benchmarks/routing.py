@@ -51,7 +51,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from routing_report import goal_lines, print_table, save_plot
-from sim_gateway import GatewayProcess, get_json, sim_fleets
+from sim_gateway import GatewayProcess, get_json, policy_list, sim_fleets
 
 from rayfleet.bench.client import Target
 from rayfleet.bench.datasets import DatasetSpec, Prompt, WorkloadShape
@@ -230,19 +230,6 @@ def _sample_windows(urls: list[str], restart_at_s: float, done: threading.Event,
 def per_size(text: str, cast: type) -> dict[int, float]:
     """'8:5,64:40' -> {8: 5.0, 64: 40.0}."""
     return {int(k): cast(v) for k, v in (item.split(":") for item in text.split(","))}
-
-
-def policy_list(text: str) -> list[str]:
-    """'least_load,prefix:alpha=2,load_factor=0.5' -> ['least_load',
-    'prefix:alpha=2,load_factor=0.5']: an item with '=' and no ':' is one more option of the
-    policy before it."""
-    policies: list[str] = []
-    for item in text.split(","):
-        if policies and "=" in item and ":" not in item:
-            policies[-1] += "," + item
-        else:
-            policies.append(item)
-    return policies
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from routing_report import mean_row, print_table, save_plot
-from sim_gateway import GatewayProcess, metric_sum
+from sim_gateway import GatewayProcess, metric_sum, policy_list
 
 from rayfleet.bench.client import Target
 from rayfleet.bench.datasets import DatasetSpec, Prompt, WorkloadShape, load_tokenizer
@@ -148,8 +148,8 @@ def main() -> None:
     parser.add_argument(
         "--policies",
         default=",".join(POLICIES),
-        type=lambda t: t.split(","),
-        help="policies, each a name or a name with options: prefix:load_factor=1000",
+        type=policy_list,
+        help="comma-separated; a policy's options follow its name: prefix:alpha=2,load_factor=0.5",
     )
     parser.add_argument("--out", type=Path, default=Path("docs/results/routing-vllm"))
     args = parser.parse_args()

@@ -145,7 +145,22 @@ def without_workers(policy: str) -> tuple[str, int | None]:
     return (f"{name}:{','.join(kept)}" if kept else name), workers
 
 
-def _number_or_text(value: str) -> int | float | str:
+def policy_list(text: str) -> list[str]:
+    """'least_load,prefix:alpha=2,load_factor=0.5' -> ['least_load',
+    'prefix:alpha=2,load_factor=0.5']: an item with '=' and no ':' is one more option of the
+    policy before it."""
+    policies: list[str] = []
+    for item in text.split(","):
+        if policies and "=" in item and ":" not in item:
+            policies[-1] += "," + item
+        else:
+            policies.append(item)
+    return policies
+
+
+def _number_or_text(value: str) -> int | float | str | None:
+    if value == "null":  # request_cost_blocks=null: the cost learned
+        return None
     for kind in (int, float):
         with contextlib.suppress(ValueError):
             return kind(value)

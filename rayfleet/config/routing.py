@@ -6,7 +6,7 @@
       alpha: 1.0                # prefix: weight of a block to prefill against queued work
       index_blocks: 16384       # prefix: blocks remembered per replica (LRU)
       max_inflight: 64          # prefix: replicas with this many in flight are skipped
-      request_cost_blocks: 8    # prefix: one in-flight request's work, in blocks (else learned)
+      request_cost_blocks: 2    # prefix: one in-flight request's weight, in blocks (null: learned)
       session_header: x-session-id   # session: the header that names a conversation
       load_factor: 1.0          # session, prefix: a replica over (1 + load_factor) x mean
                                 # load in flight passes the request on (0.25, 1.0 by default)
@@ -39,7 +39,7 @@ _OPTION_POLICIES: dict[str, tuple[RoutingPolicyName, ...]] = {
 }
 
 
-_DEFAULT_LOAD_FACTOR: dict[RoutingPolicyName, float] = {"session": 0.25, "prefix": 1.0}
+_DEFAULT_LOAD_FACTOR: dict[RoutingPolicyName, float] = {"session": 0.25, "prefix": 0.5}
 
 
 class RoutingConfig(StrictModel):
@@ -78,10 +78,14 @@ class RoutingConfig(StrictModel):
         "another has fewer (a hard limit; none by default).",
     )
     request_cost_blocks: float | None = Field(
-        default=None,
+        default=2.0,
         gt=0,
-        description="prefix: the work one in-flight request stands for, in blocks to prefill; "
-        "default: learned, the recent mean of blocks each request had to prefill.",
+        description="prefix: what one request in flight adds to a newcomer's wait, in blocks "
+        "to prefill. Most requests in flight are decoding, and a decoding sequence adds about "
+        "a fifth of a block's prefill to each engine step, so the default is small (2); null "
+        "learns it as the recent mean of blocks each request had to prefill, which at "
+        "saturation broke affinity: 1.44x least load's throughput against 3.8x at 2 "
+        "(benchmarks/routing.py, 8 replicas).",
     )
     session_header: str = Field(
         default="x-session-id",
@@ -95,8 +99,9 @@ class RoutingConfig(StrictModel):
         "ceil((1 + load_factor) x (all in flight + 1) / replicas) and at least 2; a replica "
         "at the bound passes the request on (session: to the next replica on the hash ring; "
         "prefix: to the cheapest replica under it), so that no prefix or conversation makes "
-        "one replica hot. Default: 0.25 for session, 1.0 for prefix (benchmarks/routing.py, "
-        "8 replicas: prefix's hit rate 0.76 at 0.25, 0.88-0.90 at 1.0, 0.93 unbounded).",
+        "one replica hot. Default: 0.25 for session, 0.5 for prefix (benchmarks/routing.py, "
+        "8 replicas, one prefix taking half the requests: its holders' busy time 1.2x the "
+        "mean at 0.5, 1.31-1.38x at 1.0).",
     )
 
     @property

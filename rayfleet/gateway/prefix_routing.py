@@ -8,31 +8,36 @@ KV block)::
     cost(replica) = alpha * uncached_blocks(replica) + num_inflight(replica) * request_cost
 
 ``uncached_blocks`` is the prompt's whole blocks past the longest prefix the replica holds
-(prefix_index.py). ``request_cost`` is what one request in flight stands for, in the same
-unit: ``request_cost_blocks`` when configured, else learned as the recent mean of the
-blocks each routed request had left to prefill (at least one, which stands for its decode
-steps). So a replica holding a shared prefix keeps winning while the requests it has more
-than another cost less than the prefill it saves, and no longer: a dominant prefix spreads
-to a second replica as soon as the first one's extra queue outweighs it, with no fixed gap
-and no switch for the whole fleet. Replicas with ``max_inflight`` requests in flight are
-skipped while another has room. Ties go to the tied replica whose index holds the
-fewest blocks, and among those to a random one: a new prefix goes where it evicts least.
-On two real vLLM servers that each hold 60% of the workload's prefixes, groups placed by
-chance split unevenly (5 and 3 of 8, say), and the fuller server evicted what it would
-have reused. (Measured after the change, the hit rate's gain there was within the spread
-between rounds: README.)
+(prefix_index.py). ``request_cost`` is what one request in flight adds to a newcomer's
+wait there, in the same unit: ``request_cost_blocks``, 2 unless set. Most requests in
+flight are decoding, and with continuous batching a decoding sequence adds only its share
+of each step to the newcomer's prefill (on the tiny model's calibrated spec, about a fifth
+of one block's prefill). So a replica holding a shared prefix keeps winning while the
+requests it has more than another cost less than the prefill it saves, and no longer: a
+dominant prefix spreads to a second replica as soon as the first one's extra queue
+outweighs it, with no fixed gap and no switch for the whole fleet. Replicas with
+``max_inflight`` requests in flight are skipped while another has room. Ties go to the
+tied replica whose index holds the fewest blocks, and among those to a random one: a new
+prefix goes where it evicts least. On two real vLLM servers that each hold 60% of the
+workload's prefixes, groups placed by chance split unevenly (5 and 3 of 8, say), and the
+fuller server evicted what it would have reused.
 
-The cost alone still lets one dominant prefix make its holders hot: ``request_cost``
-weighs a request by its prefill, and a request whose prompt is cached weighs about one
-block, while its decode steps keep the replica busy as long as anyone's. On the simulated
-fleet (8 replicas, one group taking half the requests) the holders' engine busy time was
-1.74x the mean. So the pick is also bounded in load, as ``session`` is
-(``load_bound``): a replica with ``ceil((1 + load_factor) * (all in flight + 1) /
-replicas)`` requests in flight, at least 2, is passed over; some replica is always under
-the bound. A hot prefix then spills to more replicas, each of which caches it once.
-``load_factor`` is 1.0 unless set: there the holders' busy time was 1.20-1.28x the mean
-at 8 and 64 replicas, and shared-prefix's hit rate at 8 was 0.88-0.90 (0.93 with no
-bound); at 0.25 busy time was 1.10-1.12x but the hit rate fell to 0.76 (README).
+``request_cost_blocks: null`` learns the cost instead, as the recent mean of the blocks
+each routed request had left to prefill (at least one). That was the default once, and it
+fails at saturation: a low hit rate raises the mean, which breaks affinity sooner, which
+lowers the hit rate further. On the simulated fleet (8 replicas, closed loop at 24 in flight
+a replica) the learned cost settled at a hit rate of 0.49-0.54 and 1.44x least load's
+throughput; a cost of 2 reached 0.90-0.93 and 3.8x (README, "The request cost").
+
+The cost alone lets one dominant prefix make its holders hot: a request whose prompt is
+cached costs a newcomer little, while its decode steps keep the replica busy as long as
+anyone's. So the pick is also bounded in load, as ``session`` is (``load_bound``): a
+replica with ``ceil((1 + load_factor) * (all in flight + 1) / replicas)`` requests in
+flight, at least 2, is passed over; some replica is always under the bound. A hot prefix
+then spills to more replicas, each of which caches it once. ``load_factor`` is 0.5 unless
+set: on the simulated fleet (8 replicas, one group taking half the requests) the holders'
+busy time was 1.21x the mean at 0.5 and 1.31-1.38x at 1.0, and shared-prefix's hit rate
+0.79 against 0.83.
 
 The pick is one pass over the candidates that looks up only the replicas whose queue alone
 (``num_inflight * request_cost``) costs no more than the best so far: the others cannot

@@ -219,6 +219,12 @@ def test_prefix_routing_through_the_gateway_keeps_a_shared_prompt_on_one_replica
 
 def test_the_load_bound_defaults_per_policy_and_follows_a_set_factor():
     assert RoutingConfig(policy="session").bounded_load_factor == 0.25
-    assert RoutingConfig(policy="prefix").bounded_load_factor == 1.0
-    assert RoutingConfig(policy="prefix", load_factor=0.5).bounded_load_factor == 0.5
-    assert PrefixRouting(RoutingConfig(policy="prefix")).load_factor == 1.0
+    assert RoutingConfig(policy="prefix").bounded_load_factor == 0.5
+    assert RoutingConfig(policy="prefix", load_factor=1.0).bounded_load_factor == 1.0
+    assert PrefixRouting(RoutingConfig(policy="prefix")).load_factor == 0.5
+
+
+def test_the_prefix_cost_is_fixed_unless_set_to_be_learned():
+    assert PrefixRouting(RoutingConfig(policy="prefix")).request_cost == 2.0
+    learned = PrefixRouting(RoutingConfig(policy="prefix", request_cost_blocks=None))
+    assert learned.request_cost == 1.0  # learned from the requests it routes, from 1
