@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -55,24 +56,31 @@ def policies(provider_url: str) -> Policies:
     return Policies.from_fleet(parse_fleet({"gateway": gateway, "models": models}))
 
 
+@contextlib.asynccontextmanager
+async def recording_upstream() -> AsyncIterator[tuple[Recorder, str]]:
+    """A server answering every route as a replica or provider would: it and its URL."""
+    recorder = Recorder()
+    app = web.Application()
+    for route in ROUTES:
+        app.router.add_post(route, recorder.answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield recorder, f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
 def run(scenario, monkeypatch):
     monkeypatch.setenv("RF_HOSTILE_PROVIDER_KEY", PROVIDER_KEY)
 
     async def main():
-        provider = Recorder()
-        app = web.Application()
-        for route in ROUTES:
-            app.router.add_post(route, provider.answer)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        host, port = runner.addresses[0][:2]
-        try:
-            fleet = serving(("a", "b"), policies(f"http://{host}:{port}"))
+        async with recording_upstream() as (provider, provider_url):
+            fleet = serving(("a", "b"), policies(provider_url))
             async with fleet as served, aiohttp.ClientSession(served.url) as client:
                 return await scenario(served, provider, client)
-        finally:
-            await runner.cleanup()
 
     return asyncio.run(main())
 
@@ -225,14 +233,6 @@ def test_a_request_no_replica_could_take_costs_its_key_nothing():
     )
 
     async def main():
-        upstream = Recorder()
-        app = web.Application()
-        for route in ROUTES:
-            app.router.add_post(route, upstream.answer)
-        up_runner = web.AppRunner(app, access_log=None)
-        await up_runner.setup()
-        await web.TCPSite(up_runner, "127.0.0.1", 0).start()
-        host, port = up_runner.addresses[0][:2]
         replicas: list[dict[str, str]] = []
 
         async def source() -> list[dict[str, str]]:
@@ -244,16 +244,18 @@ def test_a_request_no_replica_could_take_costs_its_key_nothing():
         runner = await start_gateway(gateway, "127.0.0.1", 0)
         url = "http://{}:{}".format(*runner.addresses[0][:2])
         try:
-            async with aiohttp.ClientSession(url) as client:
+            async with (
+                recording_upstream() as (_, replica_url),
+                aiohttp.ClientSession(url) as client,
+            ):
                 statuses = [(await ask(client, "a", ALPHA))[0] for _ in range(3)]
-                replicas.append({"replica_id": "a#0", "model": "a", "url": f"http://{host}:{port}"})
+                replicas.append({"replica_id": "a#0", "model": "a", "url": replica_url})
                 await gateway.refresh()
                 served, _ = await ask(client, "a", ALPHA)
                 refused, answer = await ask(client, "a", ALPHA)  # its one request is spent now
                 return statuses, served, refused, answer["headers"].get("Retry-After")
         finally:
             await runner.cleanup()
-            await up_runner.cleanup()
 
     statuses, served, refused, retry_after = asyncio.run(main())
     assert statuses == [503, 503, 503]
