@@ -9,7 +9,7 @@
       request_cost_blocks: 2    # prefix: one in-flight request's weight, in blocks (null: learned)
       session_header: x-session-id   # session: the header that names a conversation
       load_factor: 1.0          # session, prefix: a replica over (1 + load_factor) x mean
-                                # load in flight passes the request on (0.25, 1.0 by default)
+                                # load in flight passes the request on (0.25, 0.5 by default)
 
 Options apply to one policy each; giving one that the chosen policy does not read a value
 other than its default is an error naming both, so that a typo in ``policy`` does not
