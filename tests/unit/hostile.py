@@ -68,6 +68,7 @@ class Served:
     port: int
     upstream_url: str
     runner: web.AppRunner
+    listed: list[str]  # the models whose replica the source lists (serving's ``listed``)
 
     def gateway_connections(self) -> list[Any]:
         """The client connections the gateway holds open now."""
@@ -88,29 +89,45 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
 
 
 @contextlib.asynccontextmanager
-async def serving(
-    models: tuple[str, ...] = ("m",), policies: Policies | None = None, **gateway_kwargs: Any
-) -> AsyncIterator[Served]:
-    """A recording upstream serving every model in ``models``, and a gateway before it."""
-    upstream = Recorder()
+async def recording_upstream() -> AsyncIterator[tuple[Recorder, str]]:
+    """A ``Recorder`` serving every route in ``ROUTES``: it and its URL."""
+    recorder = Recorder()
     app = web.Application(client_max_size=1024**3)
     for route in ROUTES:
-        app.router.add_post(route, upstream.answer)
-    up_runner, up_url = await _serve(app)
-
-    async def source() -> list[dict[str, str]]:
-        return [{"replica_id": f"{m}#0", "model": m, "url": up_url} for m in models]
-
-    gateway = Gateway(
-        list(models), source, policies=policies, replica_metrics_period_s=None, **gateway_kwargs
-    )
-    runner = await start_gateway(gateway, "127.0.0.1", 0)
-    host, port = runner.addresses[0][:2]
+        app.router.add_post(route, recorder.answer)
+    runner, url = await _serve(app)
     try:
-        yield Served(gateway, upstream, host, port, up_url, runner)
+        yield recorder, url
     finally:
         await runner.cleanup()
-        await up_runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    models: tuple[str, ...] = ("m",),
+    policies: Policies | None = None,
+    *,
+    listed: list[str] | None = None,
+    **gateway_kwargs: Any,
+) -> AsyncIterator[Served]:
+    """A recording upstream serving every model in ``models``, and a gateway before it.
+    ``listed``: the models whose replica the gateway's source lists, read at each poll
+    (default all of them; a test may change it while the gateway runs)."""
+    listed = list(models) if listed is None else listed
+    async with recording_upstream() as (upstream, up_url):
+
+        async def source() -> list[dict[str, str]]:
+            return [{"replica_id": f"{m}#0", "model": m, "url": up_url} for m in listed]
+
+        gateway = Gateway(
+            list(models), source, policies=policies, replica_metrics_period_s=None, **gateway_kwargs
+        )
+        runner = await start_gateway(gateway, "127.0.0.1", 0)
+        host, port = runner.addresses[0][:2]
+        try:
+            yield Served(gateway, upstream, host, port, up_url, runner, listed)
+        finally:
+            await runner.cleanup()
 
 
 @dataclass

@@ -14,17 +14,15 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from rayfleet.config import parse_fleet
 from rayfleet.gateway.auth import hash_key
 from rayfleet.gateway.errors import RequestError
 from rayfleet.gateway.policies import Policies
-from tests.unit.hostile import ROUTES, Recorder, serving
+from tests.unit.hostile import recording_upstream, serving
 
 ALPHA, BETA = "sk-alpha-0123456789", "sk-beta-9876543210"
 PROVIDER_KEY = "sk-provider-secret-55"
@@ -54,23 +52,6 @@ def policies(provider_url: str) -> Policies:
     }
     models = [{"name": name, "source": "/models/none"} for name in ("a", "b")]
     return Policies.from_fleet(parse_fleet({"gateway": gateway, "models": models}))
-
-
-@contextlib.asynccontextmanager
-async def recording_upstream() -> AsyncIterator[tuple[Recorder, str]]:
-    """A server answering every route as a replica or provider would: it and its URL."""
-    recorder = Recorder()
-    app = web.Application()
-    for route in ROUTES:
-        app.router.add_post(route, recorder.answer)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield recorder, f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
 
 
 def run(scenario, monkeypatch):
@@ -223,9 +204,6 @@ def test_a_request_no_replica_could_take_costs_its_key_nothing():
     """A 503 for want of a replica gives the key back its request and tokens: once the
     model has a replica again, a key of one request a minute is served, not refused for
     the minute the gateway could not serve it."""
-    from rayfleet.gateway.app import Gateway
-    from rayfleet.gateway.server import start_gateway
-
     limited = {"name": "one", "key_sha256": hash_key(ALPHA), "requests_per_minute": 1}
     limited["tokens_per_minute"] = 100_000
     fleet = parse_fleet(
@@ -233,31 +211,18 @@ def test_a_request_no_replica_could_take_costs_its_key_nothing():
     )
 
     async def main():
-        replicas: list[dict[str, str]] = []
+        async with (
+            serving(("a",), Policies.from_fleet(fleet), listed=[]) as served,
+            aiohttp.ClientSession(served.url) as client,
+        ):
+            statuses = [(await ask(client, "a", ALPHA))[0] for _ in range(3)]
+            served.listed.append("a")  # the model's replica is back
+            await served.gateway.refresh()
+            ok, _ = await ask(client, "a", ALPHA)
+            refused, answer = await ask(client, "a", ALPHA)  # its one request is spent now
+            return statuses, ok, refused, answer["headers"].get("Retry-After")
 
-        async def source() -> list[dict[str, str]]:
-            return replicas
-
-        gateway = Gateway(
-            ["a"], source, policies=Policies.from_fleet(fleet), replica_metrics_period_s=None
-        )
-        runner = await start_gateway(gateway, "127.0.0.1", 0)
-        url = "http://{}:{}".format(*runner.addresses[0][:2])
-        try:
-            async with (
-                recording_upstream() as (_, replica_url),
-                aiohttp.ClientSession(url) as client,
-            ):
-                statuses = [(await ask(client, "a", ALPHA))[0] for _ in range(3)]
-                replicas.append({"replica_id": "a#0", "model": "a", "url": replica_url})
-                await gateway.refresh()
-                served, _ = await ask(client, "a", ALPHA)
-                refused, answer = await ask(client, "a", ALPHA)  # its one request is spent now
-                return statuses, served, refused, answer["headers"].get("Retry-After")
-        finally:
-            await runner.cleanup()
-
-    statuses, served, refused, retry_after = asyncio.run(main())
+    statuses, ok, refused, retry_after = asyncio.run(main())
     assert statuses == [503, 503, 503]
-    assert served == 200
+    assert ok == 200
     assert refused == 429 and retry_after is not None
