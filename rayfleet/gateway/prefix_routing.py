@@ -150,7 +150,8 @@ class PrefixRouting:
         self.index.record(tables[i], hashes, held)
         if self.on_learn is not None:
             self.on_learn(replicas[i], hashes)
-        self._learn(len(hashes) - held)
+        if self.fixed_cost is None:  # the weight is learned only where it is used
+            self._learn(len(hashes) - held)
         self.index.sweep(now)
         self.num_predicted_hit_blocks += held
         self.num_prompt_blocks += len(hashes)
