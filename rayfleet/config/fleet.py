@@ -349,4 +349,19 @@ def parse_fleet(data: Any, origin: str = "fleet.yaml") -> FleetConfig:
     try:
         return FleetConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{origin}: {describe(exc.errors()[0], data, FleetConfig)}") from None
+        raise ConfigError(_every_error(exc, data, origin)) from None
+
+
+MAX_ERRORS_SHOWN = 10
+
+
+def _every_error(exc: ValidationError, data: Any, origin: str) -> str:
+    """One line per invalid field, each prefixed with ``origin``, so that
+    a file with several mistakes is mended in one round; past ``MAX_ERRORS_SHOWN``, a
+    count of the rest."""
+    described = (f"{origin}: {describe(error, data, FleetConfig)}" for error in exc.errors())
+    lines = list(dict.fromkeys(described))  # a union's variants can repeat one line
+    if len(lines) > MAX_ERRORS_SHOWN:
+        rest = len(lines) - MAX_ERRORS_SHOWN
+        lines = [*lines[:MAX_ERRORS_SHOWN], f"{origin}: ... and {rest} more"]
+    return "\n".join(lines)

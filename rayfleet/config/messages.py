@@ -1,10 +1,10 @@
 """One-line messages for configuration mistakes.
 
-``describe(error, data, root)`` turns the first pydantic validation error of ``data``
+``describe(error, data, root)`` turns one pydantic validation error of ``data``
 (validated as ``root``) into ``"<field path>: <reason> (got <value>)"``; an unknown key
 gets ``"; did you mean '<closest known key>'?"`` from ``did_you_mean``, which the
 engine-argument check (rayfleet/control/engine_args.py) uses for vLLM's flags too.
-The caller prefixes the file name and raises ``ConfigError``.
+The caller prefixes the file name, one line per error, and raises ``ConfigError``.
 """
 
 from __future__ import annotations

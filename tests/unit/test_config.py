@@ -48,6 +48,31 @@ def test_bad_fleet_is_one_line_with_the_field(data, expected):
     assert "\n" not in message
 
 
+def test_every_bad_field_is_a_line_of_its_own():
+    data = {
+        "gateway": {"port": "eighty"},
+        "models": [{"name": "a", "source": "/x", "replica": 2}, {"name": "b"}],
+    }
+    with pytest.raises(ConfigError) as err:
+        parse_fleet(data, origin="fleet.yaml")
+    assert str(err.value).splitlines() == [
+        "fleet.yaml: gateway.port: Input should be a valid integer, unable to parse string as "
+        "an integer (got 'eighty')",
+        "fleet.yaml: models[0].replica: unknown field; did you mean 'replicas'?",
+        "fleet.yaml: models[1].source: required field is missing",
+    ]
+
+
+def test_past_ten_bad_fields_the_rest_are_counted():
+    data = {"models": [{"name": f"m{i}"} for i in range(12)]}
+    with pytest.raises(ConfigError) as err:
+        parse_fleet(data, origin="fleet.yaml")
+    lines = str(err.value).splitlines()
+    assert len(lines) == 11
+    assert lines[9] == "fleet.yaml: models[9].source: required field is missing"
+    assert lines[10] == "fleet.yaml: ... and 2 more"
+
+
 def test_yaml_syntax_error_names_line(tmp_path):
     path = tmp_path / "fleet.yaml"
     path.write_text("models:\n  - name: a\n    source: [unclosed\n")
@@ -159,6 +184,33 @@ def test_up_dry_run_prints_what_would_start_and_starts_nothing(tmp_path):
     derived = [line for line in lines if "scheduling_policy: priority" in line]
     assert len(derived) == 1 and "(derived: gateway.priority_classes" in derived[0]
     assert "  vLLM flags: --max-model-len 512 --scheduling-policy priority" in lines
+    assert not (tmp_path / "run").exists() and not (tmp_path / "logs").exists()
+
+
+KEYED_FLEET = """
+gateway:
+  api_keys: [{name: team-a, key_file: %s}]
+models:
+  - name: a
+    source: /models/a
+"""
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry run", "up"])
+@pytest.mark.parametrize("content", [None, ""], ids=["missing", "empty"])
+def test_up_refuses_a_bad_key_file_before_anything_starts(tmp_path, dry_run, content):
+    key_file = tmp_path / "team-a.key"
+    if content is not None:
+        key_file.write_text(content)
+    path = tmp_path / "fleet.yaml"
+    path.write_text(KEYED_FLEET % key_file)
+    result = _rayfleet("up", *(["--dry-run"] if dry_run else []), "-c", str(path), home=tmp_path)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    reason = "cannot read" if content is None else "is empty"
+    assert len(errors) == 1 and f"api key file {key_file}" in errors[0], result.stderr
+    assert reason in errors[0]
+    assert "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists() and not (tmp_path / "logs").exists()
 
 
