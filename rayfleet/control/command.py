@@ -63,12 +63,14 @@ def up(
     server, Ray worker and port it started.
     """
     from rayfleet.control import lifecycle
+    from rayfleet.gateway.auth import check_key_files
 
     if address is not None and not dry_run:
         raise typer.BadParameter(
             "--address reads a cluster for --dry-run only", param_hint="--address"
         )
     config = lifecycle.fleet_config(config_file, port, build_demo=not dry_run, say=_say)
+    check_key_files(config.gateway.api_keys)
     if dry_run:
         _print_launches(config, lifecycle.dry_run(config))
         if address is not None:
