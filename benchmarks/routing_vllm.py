@@ -17,7 +17,8 @@ shared-prefix (``GROUPS`` groups x ``PROMPTS_PER_GROUP`` questions, ``SYSTEM_LEN
 ``QUESTION_LEN`` / ``OUTPUT_LEN`` tokens, in a random order) and no-reuse (the control).
 
 Per policy: the realised hit rate (the increase of vLLM's own ``prefix_cache_hits`` over
-``prefix_cache_queries`` on both servers during the round), throughput, TTFT p50/p99 at
+``prefix_cache_queries`` on both servers during the round; for prefix, beside it in each
+round's line, the hit rate its index predicted), throughput, TTFT p50/p99 at
 the client; ratios against least_load; the issue's goals as PASS/FAIL lines (prefix's hit
 rate at least 2x least_load's and its TTFT p50 at least 50% lower on shared-prefix;
 within 5% of least_load's TTFT p50 on no-reuse). Writes ``<out>.json`` and ``<out>.png``.
@@ -113,8 +114,22 @@ def run_round(urls: list[str], policy: str, prompts: list[Prompt], rate: float, 
     with GatewayProcess(urls, MODEL, policy) as gateway:
         target = Target(gateway.url, "/v1/completions", MODEL, ignore_eos=True)
         output = run_load(target, prompts, LoadShape(request_rate=rate, seed=seed))
+        predicted = predicted_hit_rate(gateway.url)
     hits1, queries1 = cache_counters(urls)
-    return summarise(output, hits1 - hits0, queries1 - queries0)
+    row = summarise(output, hits1 - hits0, queries1 - queries0)
+    if predicted is not None:
+        row["predicted_hit_rate"] = predicted
+    return row
+
+
+def predicted_hit_rate(gateway_url: str) -> float | None:
+    """The prefix policy's own prediction over the round: blocks it believed the chosen
+    replica held over prompt blocks sent (None for a policy that predicts nothing)."""
+    with urllib.request.urlopen(gateway_url + "/metrics", timeout=30) as response:
+        text = response.read().decode()
+    sent = metric_sum(text, "rayfleet_prefix_prompt_blocks_total")
+    held = metric_sum(text, "rayfleet_prefix_predicted_hit_blocks_total")
+    return held / sent if sent else None
 
 
 def goal_lines(scenarios: dict[str, dict[str, list[dict]]]) -> list[str]:

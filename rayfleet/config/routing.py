@@ -7,6 +7,7 @@
       index_blocks: 16384       # prefix: blocks remembered per replica (LRU)
       max_inflight: 64          # prefix: replicas with this many in flight are skipped
       request_cost_blocks: 2    # prefix: one in-flight request's weight, in blocks (null: learned)
+      chars_per_token: null     # prefix: sizes the index from the KV cache (null: learned)
       session_header: x-session-id   # session: the header that names a conversation
       load_factor: 1.0          # session, prefix: a replica over (1 + load_factor) x mean
                                 # load in flight passes the request on (0.25, 0.5 by default)
@@ -34,6 +35,7 @@ _OPTION_POLICIES: dict[str, tuple[RoutingPolicyName, ...]] = {
     "index_blocks": ("prefix",),
     "max_inflight": ("prefix",),
     "request_cost_blocks": ("prefix",),
+    "chars_per_token": ("prefix",),
     "session_header": ("session",),
     "load_factor": ("session", "prefix"),
 }
@@ -69,7 +71,15 @@ class RoutingConfig(StrictModel):
         ge=1,
         description="prefix: blocks remembered per replica at most, least recently used "
         "forgotten first. Each replica's own bound follows its KV cache as its vLLM reports it "
-        "(cache_config_info's kv_cache_size_tokens, at about 4 characters a token), up to this.",
+        "(cache_config_info's kv_cache_size_tokens, times chars_per_token), up to this.",
+    )
+    chars_per_token: float | None = Field(
+        default=None,
+        gt=0,
+        description="prefix: characters of prompt text per token, by which a replica's KV "
+        "cache (in tokens) becomes the index's bound (in blocks of block_chars). null learns "
+        "it from the replicas' usage (prompt characters sent over prompt_tokens reported), "
+        "starting at 4, so the index holds what the cache holds whatever the tokenizer.",
     )
     max_inflight: int | None = Field(
         default=None,

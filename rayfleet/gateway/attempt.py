@@ -11,7 +11,8 @@ off after it ends with an error event (a stream) and is never replayed.
 
 A response that ended whole is read for its usage once its last byte is sent: when the
 model's replica policy has ``observe_usage`` (replica_policy.py), the prompt and cached
-tokens of ``usage`` (``prompt_tokens_details.cached_tokens``) are found in the end of the
+tokens of ``usage`` (``prompt_tokens_details.cached_tokens``, None when the replica does
+not report them) are found in the end of the
 body (``Exchange.end``: a whole body, or a stream's usage chunk before ``[DONE]``) by a
 byte search, no JSON decoding, and passed to it. The relay itself pays one attribute
 write per piece for this; a policy without the hook, nothing more.
@@ -275,18 +276,17 @@ def _response_like(exchange: Exchange, label: str, extra: Mapping[str, str]) -> 
     return response
 
 
-def usage_tokens(end: bytes) -> tuple[int, int] | None:
+def usage_tokens(end: bytes) -> tuple[int, int | None] | None:
     """(prompt_tokens, cached_tokens) of the last usage in ``end``, the end of a response
-    body; None when it reports no cached tokens."""
-    at = end.rfind(_CACHED_TOKENS)
-    cached = _NUMBER.match(end, at + len(_CACHED_TOKENS)) if at >= 0 else None
-    if cached is None:
-        return None
-    at = end.rfind(_PROMPT_TOKENS, 0, at)
+    body; cached_tokens None when that usage reports none (vLLM without
+    ``--enable-prompt-tokens-details``); None when there is no usage."""
+    at = end.rfind(_PROMPT_TOKENS)
     prompt = _NUMBER.match(end, at + len(_PROMPT_TOKENS)) if at >= 0 else None
     if prompt is None:
         return None
-    return int(prompt.group(1)), int(cached.group(1))
+    at = end.find(_CACHED_TOKENS, prompt.end())
+    cached = _NUMBER.match(end, at + len(_CACHED_TOKENS)) if at >= 0 else None
+    return int(prompt.group(1)), int(cached.group(1)) if cached is not None else None
 
 
 def _event_boundary(last_chunk: bytes) -> bytes:

@@ -47,8 +47,9 @@ comparing in a second pass cost about 30 us of a 60 us pick (benchmarks/prefix_p
 
 The index learns on send: the chosen replica is recorded as holding every whole block of
 the prompt, and remembers for each replica about as much as its KV cache holds
-(``size_index``, from vLLM's cache_config_info as the gateway reads each replica's
-/metrics; ``routing.index_blocks`` until then, and at most). A replica whose url or pid
+(``size_index``: vLLM's cache_config_info, read with each replica's /metrics, in
+tokens, times the prompt characters per token learned from the replicas' usage reports;
+``routing.index_blocks`` until the first reading, and at most). A replica whose url or pid
 changed (a restart) is forgotten and starts empty; one that no candidate list has named
 for a minute is forgotten too.
 
@@ -85,7 +86,7 @@ PickObserver = Callable[[Replica, int, int], None]
 # What a replica reported of a request the policy placed: prompt tokens, cached tokens.
 UsageCounter = Callable[[Replica, int, int], None]
 
-_CHARS_PER_TOKEN = 4  # of English text, for sizing the index from the KV cache's tokens
+_CHARS_PER_TOKEN = 4  # of English text: the index's size until usage has been reported
 _COST_EWMA_WEIGHT = 1 / 64  # the learned request cost follows about the last 64 requests
 _MIN_REQUEST_COST = 1.0
 
@@ -109,6 +110,9 @@ class PrefixRouting:
         self.max_inflight = config.max_inflight
         self.load_factor = config.bounded_load_factor
         self.fixed_cost = config.request_cost_blocks
+        self.fixed_chars_per_token = config.chars_per_token
+        self.num_usage_chars = 0  # prompt characters of the requests usage was reported for
+        self.num_usage_tokens = 0  # and their prompt tokens
         self.index = PrefixIndex(config.index_blocks)
         self.hasher = BlockHasher(config.block_chars)
         self.learned_cost = _MIN_REQUEST_COST
@@ -126,10 +130,22 @@ class PrefixRouting:
 
     def size_index(self, replica: Replica, kv_cache_tokens: int) -> None:
         """Bound what the index remembers of ``replica`` to what its KV cache holds:
-        ``kv_cache_tokens`` (vLLM's cache_config_info) at about 4 characters a token, in
+        ``kv_cache_tokens`` (vLLM's cache_config_info) times ``chars_per_token``, in
         blocks of ``block_chars``; ``routing.index_blocks`` stays the upper bound."""
-        num_blocks = math.ceil(kv_cache_tokens * _CHARS_PER_TOKEN / self.block_chars)
+        num_blocks = math.ceil(kv_cache_tokens * self.chars_per_token / self.block_chars)
         self.index.size(replica.replica_id, num_blocks)
+
+    @property
+    def chars_per_token(self) -> float:
+        """Prompt characters per token: ``routing.chars_per_token``, else the ratio over
+        every request whose usage a replica reported, else 4 (English text). Tokenizers
+        differ: the tiny test model's reads about 5 characters a token of the routing
+        benchmark's prompts, so at 4 the index would hold a fifth less than each cache."""
+        if self.fixed_chars_per_token is not None:
+            return self.fixed_chars_per_token
+        if self.num_usage_tokens == 0:
+            return _CHARS_PER_TOKEN
+        return self.num_usage_chars / self.num_usage_tokens
 
     @property
     def request_cost(self) -> float:
@@ -215,9 +231,20 @@ class PrefixRouting:
         self.learned_cost += (cost - self.learned_cost) * _COST_EWMA_WEIGHT
 
     def observe_usage(
-        self, replica: Replica, request: RequestInfo, prompt_tokens: int, cached_tokens: int
+        self,
+        replica: Replica,
+        request: RequestInfo,
+        prompt_tokens: int,
+        cached_tokens: int | None,
     ) -> None:
-        """Count what ``replica`` reported cached of a request this policy placed."""
+        """Learn the tokenizer's characters per token from a request this policy placed,
+        and count what ``replica`` reported cached of it (when it reports that)."""
+        if self.fixed_chars_per_token is None and prompt_tokens > 0:
+            lead, rest = prompt_parts(request.path, request.body)
+            self.num_usage_chars += len(lead) + len(rest)
+            self.num_usage_tokens += prompt_tokens
+        if cached_tokens is None:
+            return
         self.num_realised_hit_tokens += cached_tokens
         self.num_realised_prompt_tokens += prompt_tokens
         if self._on_usage is not None:

@@ -41,8 +41,9 @@ class ReplicaPolicy(Protocol):
     def pick(self, request: RequestInfo, replicas: Sequence[Replica]) -> Replica | None: ...
 
 
-# observe_usage(replica, request, prompt_tokens, cached_tokens), when a policy has it.
-UsageObserver = Callable[[Replica, RequestInfo, int, int], None]
+# observe_usage(replica, request, prompt_tokens, cached_tokens), when a policy has it;
+# cached_tokens is None when the replica does not report it.
+UsageObserver = Callable[[Replica, RequestInfo, int, int | None], None]
 
 # Near idle the bound alone is 1 (with 8 replicas, until 6 are in flight): a session or a
 # prefix would leave its replica, and its cache, whenever that replica serves one other.

@@ -302,3 +302,29 @@ def test_the_index_is_sized_from_the_kv_cache_tokens_vllm_reports():
     assert table.capacity == 100
     policy.size_index(replica, 10**7)
     assert table.capacity == 4096
+
+
+def test_the_index_follows_the_characters_a_token_that_usage_reports():
+    policy = prefix_policy(block_chars=64, index_blocks=4096)
+    (replica,) = replicas(1)
+    request = RequestInfo("/v1/completions", "m", {"model": "m", "prompt": "x" * 5000}, {})
+    policy.observe_usage(replica, request, prompt_tokens=1000, cached_tokens=0)  # 5 a token
+    assert policy.chars_per_token == 5.0
+    policy.size_index(replica, 1600)  # 1,600 tokens at 5 characters: 125 blocks of 64
+    (table,) = policy.index.tables_of([replica], now=0.0)
+    assert table.capacity == 125
+    policy.observe_usage(replica, request, prompt_tokens=0, cached_tokens=0)  # no usage: skip
+    assert policy.chars_per_token == 5.0
+
+    fixed = prefix_policy(block_chars=64, chars_per_token=4)
+    fixed.observe_usage(replica, request, prompt_tokens=1000, cached_tokens=0)
+    assert fixed.chars_per_token == 4
+
+
+def test_usage_without_cached_tokens_still_sizes_the_index_but_counts_no_hit():
+    policy = prefix_policy()
+    (replica,) = replicas(1)
+    request = RequestInfo("/v1/completions", "m", {"model": "m", "prompt": "x" * 600}, {})
+    policy.observe_usage(replica, request, prompt_tokens=100, cached_tokens=None)
+    assert policy.chars_per_token == 6.0
+    assert policy.hit_rates() == (0.0, 0.0) and policy.num_realised_prompt_tokens == 0

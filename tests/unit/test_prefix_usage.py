@@ -27,7 +27,7 @@ def test_usage_is_read_from_the_end_of_a_body_or_a_stream():
     assert usage_tokens(chunk + b"data: [DONE]\n\n") == (70, 64)
     compact = json.dumps({"choices": [{"text": "x"}], "usage": usage}, separators=(",", ":"))
     assert usage_tokens(compact.encode()) == (70, 64)
-    assert usage_tokens(b'{"usage":{"prompt_tokens":5,"prompt_tokens_details":null}}') is None
+    assert usage_tokens(b'{"usage":{"prompt_tokens":5,"prompt_tokens_details":null}}') == (5, None)
     assert usage_tokens(b'data: {"choices":[{"text":" tok"}]}\n\ndata: [DONE]\n\n') is None
     assert usage_tokens(b"") is None
 
