@@ -63,15 +63,15 @@ def up(
     server, Ray worker and port it started.
     """
     from rayfleet.control import lifecycle
-    from rayfleet.gateway.auth import check_key_files
+    from rayfleet.gateway.auth import KeyTable
 
     if address is not None and not dry_run:
         raise typer.BadParameter(
             "--address reads a cluster for --dry-run only", param_hint="--address"
         )
     config = lifecycle.fleet_config(config_file, port, build_demo=not dry_run, say=_say)
-    check_key_files(config.gateway.api_keys)
     if dry_run:
+        KeyTable.from_config(config.gateway.api_keys)  # reads key files, as `up` does at start
         _print_launches(config, lifecycle.dry_run(config))
         if address is not None:
             _print_fit(address, lifecycle.fit_on_cluster(config, address))

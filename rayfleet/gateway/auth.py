@@ -42,14 +42,6 @@ def read_key_file(path: str) -> str:
     return key
 
 
-def check_key_files(configs: Iterable[ApiKeyConfig]) -> None:
-    """Read every ``key_file`` as the gateway will when it starts, so that `rayfleet up`
-    (and its --dry-run) refuses a missing, unreadable or empty one before anything runs."""
-    for c in configs:
-        if c.key_file:
-            read_key_file(c.key_file)
-
-
 def _shared_cells(shared: QuotaCells | None, position: int) -> dict[str, Any]:
     if shared is None:
         return {}
