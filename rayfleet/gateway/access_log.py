@@ -13,7 +13,8 @@
                                       response that ended whole (found by a byte search
                                       at its end, as attempt.usage_tokens does)
                    one line           on the ``rayfleet.access`` logger, at INFO, once the
-                                      answer has ended (or the client left: status 499)
+                                      answer has ended (or the client left: status 499,
+                                      unless it had read a stream's [DONE])
 
 A line (keys absent when unknown; never the prompt, the answer or a key)::
 
@@ -76,6 +77,8 @@ class RequestRecord:
     ttft_s: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    delivered: tuple[int, str] | None = None  # (status, replica) of a stream the client
+    # had whole before it closed (it read [DONE]), though the handler was cancelled
 
 
 RECORD = web.RequestKey("rayfleet_access_record", RequestRecord)
@@ -116,6 +119,13 @@ def note_answer(request: web.Request, exchange: Exchange, outcome: Outcome, star
         record.completion_tokens = _last_number(_COMPLETION_TOKENS, end)
 
 
+def note_delivered(request: web.Request, status: int, replica: str) -> None:
+    """The client closed after a stream's last event: log its status, not 499."""
+    record: RequestRecord | None = request.get(RECORD)
+    if record is not None:
+        record.delivered = (status, replica)
+
+
 def open_access_log(path: Path | None) -> logging.Handler:
     """Write the request log to ``path`` (appended, one JSON line per request), or to
     standard output when None (in a container, where the platform collects it); remove
@@ -153,7 +163,8 @@ async def _middleware(request: web.Request, handler: Handler) -> web.StreamRespo
     except asyncio.CancelledError:  # the client left; aiohttp cancelled the handler
         from rayfleet.gateway.attempt import CLIENT_CLOSED
 
-        _write(record, request.path, CLIENT_CLOSED, None)
+        status = CLIENT_CLOSED if record.delivered is None else record.delivered[0]
+        _write(record, request.path, status, None)
         raise
     except Exception:
         _write(record, request.path, 500, None)
@@ -180,7 +191,10 @@ def _write(
         line["model"] = record.model
     if record.route is not None:
         line["route"] = record.route
-    replica = response.headers.get(REPLICA_HEADER) if response is not None else None
+    if response is not None:
+        replica = response.headers.get(REPLICA_HEADER)
+    else:
+        replica = record.delivered[1] if record.delivered is not None else None
     if replica is not None:
         line["replica"] = replica
     line["status"] = status

@@ -20,7 +20,9 @@ write per piece for this; a policy without the hook, nothing more.
 When the client goes away, aiohttp cancels the handler (``handler_cancellation``): the
 exchange is finished uncompleted, which closes the upstream connection whatever ``run``
 was waiting for (the head, the first piece, a whole body, a paused stream), and vLLM
-aborts the request.
+aborts the request. A client that leaves after a stream's ``data: [DONE]`` (the openai
+client closes there, often before the response's last chunk) had its answer whole: it is
+counted as answered (status, latency, the replica's success, usage), not as a disconnect.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from rayfleet.gateway.access_log import note_answer
+from rayfleet.gateway.access_log import note_answer, note_delivered
 from rayfleet.gateway.errors import (
     GATEWAY_REPLICA,
     REPLICA_HEADER,
@@ -59,6 +61,7 @@ CLIENT_CLOSED = 499  # the status access logs show for a client that left (nginx
 _CACHED_TOKENS = b'"cached_tokens":'
 _PROMPT_TOKENS = b'"prompt_tokens":'
 _NUMBER = re.compile(rb"\s*(\d+)")
+_STREAM_END = b"data: [DONE]"
 
 
 @dataclass(frozen=True)
@@ -140,16 +143,23 @@ class Attempts:
                 return self._unanswered(target, "upstream_status")
             response = _response_like(exchange, target.label, journey.extra)
             outcome = await exchange.relay(journey.request, response)
-            if exchange.first_byte_at:
-                self.metrics.ttfb.labels(target.model, target.label).observe(
-                    exchange.first_byte_at - journey.started
-                )
-            note_answer(journey.request, exchange, outcome, journey.started)
             completed = outcome is Outcome.DONE
+            if outcome is Outcome.CLIENT_GONE and delivered_whole(exchange):
+                outcome = Outcome.DONE  # the client had it all: [DONE], then it closed
+            self._observe_ttfb(journey, target, exchange)
+            note_answer(journey.request, exchange, outcome, journey.started)
             return await self._conclude(journey, target, exchange, response, outcome, limits)
         except asyncio.CancelledError:
             # The client went away: closing the upstream connection makes vLLM abort.
-            self.metrics.errors.labels(target.model, "client_disconnect").inc()
+            # The openai client closes at a stream's [DONE], which may come before the
+            # end of the response: that client had its answer whole.
+            if exchange is not None and delivered_whole(exchange):
+                self._observe_ttfb(journey, target, exchange)
+                note_answer(journey.request, exchange, Outcome.DONE, journey.started)
+                note_delivered(journey.request, exchange.status, target.label)
+                self._answered(journey, target, exchange)
+            else:
+                self.metrics.errors.labels(target.model, "client_disconnect").inc()
             raise
         except ConnectionResetError:
             return self._client_gone(target.model, web.Response(status=CLIENT_CLOSED))
@@ -172,32 +182,47 @@ class Attempts:
         """Account for how the relay ended and end the response to the client."""
         if outcome is Outcome.CLIENT_GONE:
             return self._client_gone(target.model, response)
-        if outcome is Outcome.DONE:
-            if target.replica is not None:
-                self.replica_set.succeeded(target.replica)
-        elif not response.prepared:  # nothing was sent yet: answer with an error of our own
-            if outcome is Outcome.TIMEOUT:
-                return self.refuse(self.timed_out(journey.admission, limits), target.model)
-            self._replica_failed(target, "stream_broken")
-            error = RequestError(
-                502,
-                f"{target.label} failed while responding; retry the request.",
-                code="upstream_failed",
-                reason="upstream_failed",
-            )
-            return self.refuse(error, target.model)
-        else:
+        if outcome is not Outcome.DONE:
+            if not response.prepared:  # nothing was sent yet: answer with an error of our own
+                if outcome is Outcome.TIMEOUT:
+                    return self.refuse(self.timed_out(journey.admission, limits), target.model)
+                self._replica_failed(target, "stream_broken")
+                error = RequestError(
+                    502,
+                    f"{target.label} failed while responding; retry the request.",
+                    code="upstream_failed",
+                    reason="upstream_failed",
+                )
+                return self.refuse(error, target.model)
             await self._end_cut_off(response, outcome, exchange.tail(), target, journey, limits)
         try:
             await response.write_eof()
         except ConnectionResetError:  # the client left just before the end
-            return self._client_gone(target.model, response)
-        elapsed = time.perf_counter() - journey.started
+            if not delivered_whole(exchange):
+                return self._client_gone(target.model, response)
+        if outcome is Outcome.DONE:
+            self._answered(journey, target, exchange)
+        else:
+            self._counted(target, exchange, journey.started)
+        return response
+
+    def _observe_ttfb(self, journey: Journey, target: Target, exchange: Exchange) -> None:
+        if exchange.first_byte_at:
+            self.metrics.ttfb.labels(target.model, target.label).observe(
+                exchange.first_byte_at - journey.started
+            )
+
+    def _answered(self, journey: Journey, target: Target, exchange: Exchange) -> None:
+        """Account for a response the client had whole: its replica did its job."""
+        self._counted(target, exchange, journey.started)
+        if target.replica is not None:
+            self.replica_set.succeeded(target.replica)
+            self._report_usage(journey, target.replica, target.model, exchange)
+
+    def _counted(self, target: Target, exchange: Exchange, started: float) -> None:
+        elapsed = time.perf_counter() - started
         self.metrics.latency.labels(target.model, target.label).observe(elapsed)
         self.metrics.requests.labels(target.model, target.label, str(exchange.status)).inc()
-        if outcome is Outcome.DONE and target.replica is not None:
-            self._report_usage(journey, target.replica, target.model, exchange)
-        return response
 
     def _client_gone(self, model: str, response: web.StreamResponse) -> web.StreamResponse:
         """Count a client that went away; what is returned goes nowhere, and aiohttp ends
@@ -294,3 +319,10 @@ def _event_boundary(last_chunk: bytes) -> bytes:
     if not last_chunk or last_chunk.endswith(b"\n\n"):
         return b""
     return b"\n" if last_chunk.endswith(b"\n") else b"\n\n"
+
+
+def delivered_whole(exchange: Exchange) -> bool:
+    """Whether the client has had a stream's ``data: [DONE]``, its last event: the
+    answer whole, though the response itself had not ended when the client closed."""
+    tail = exchange.tail()
+    return tail is not None and tail.rstrip().endswith(_STREAM_END)

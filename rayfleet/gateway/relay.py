@@ -204,6 +204,7 @@ class RelayConnection(asyncio.Protocol):
 
         def sink(piece: bytes) -> None:
             if client.is_closing():
+                self._last_piece = b""  # not delivered: tail() must not show it
                 self._client_gone()
                 return
             write(piece)

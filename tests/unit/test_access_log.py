@@ -35,6 +35,7 @@ class Upstream:
         self.headers: list[CIMultiDict[str]] = []
         self.entered = asyncio.Event()
         self.stall = False
+        self.linger = False  # between [DONE] and the end of the response
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         self.headers.append(request.headers.copy())
@@ -49,6 +50,8 @@ class Upstream:
             await asyncio.sleep(60)
         await response.write(b"data: " + json.dumps({"choices": [], "usage": USAGE}).encode())
         await response.write(b"\n\ndata: [DONE]\n\n")
+        if self.linger:
+            await asyncio.sleep(60)
         await response.write_eof()
         return response
 
@@ -188,5 +191,20 @@ def test_a_client_that_leaves_mid_stream_is_logged_as_499(tmp_path):
         response.close()  # gone before the end
         [line] = await lines(path, 1)
         assert (line["request_id"], line["status"]) == ("leaver", 499)
+
+    run(scenario, tmp_path)
+
+
+def test_a_client_that_closes_at_done_is_logged_as_answered(tmp_path):
+    # The openai client closes at [DONE], before the response's end: not a 499.
+    async def scenario(client, url, upstream, path):
+        upstream.linger = True
+        body = {"model": "m", "prompt": PROMPT, "stream": True}
+        async with client.post(f"{url}/v1/completions", json=body) as response:
+            await response.content.readuntil(b"data: [DONE]")
+            response.close()
+        [line] = await lines(path, 1)
+        assert (line["status"], line["replica"]) == (200, "r0")
+        assert (line["prompt_tokens"], line["completion_tokens"]) == (5, 7)
 
     run(scenario, tmp_path)

@@ -283,7 +283,7 @@ def test_client_leaving_while_reading_is_paused_aborts_the_upstream_request():
     assert run(scenario) == (True, 0, 0)
 
 
-def test_a_client_that_leaves_after_done_is_counted_not_logged_as_a_server_error(caplog):
+def test_a_client_that_leaves_after_done_is_counted_as_answered_not_as_gone(caplog):
     # As the openai client does: it stops reading at [DONE], before the response's end.
     async def scenario(upstream, gateway, client, url):
         upstream.end_gap_s = 0.5
@@ -292,11 +292,31 @@ def test_a_client_that_leaves_after_done_is_counted_not_logged_as_a_server_error
         writer.close()
         replica = gateway.replica_set.replicas()[0]
         await until(lambda: replica.num_inflight == 0)
-        return gateway.metrics.errors.labels("m", "client_disconnect")._value.get()
+        metrics = gateway.metrics
+        return (
+            metrics.errors.labels("m", "client_disconnect")._value.get(),
+            metrics.requests.labels("m", "r0", "200")._value.get(),
+        )
 
     with caplog.at_level(logging.DEBUG, logger="aiohttp"):
-        assert run(scenario) == 1
+        assert run(scenario) == (0, 1)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_a_client_that_leaves_before_done_is_counted_as_gone():
+    async def scenario(upstream, gateway, client, url):
+        upstream.pieces, upstream.gap_s = 200, 0.02
+        reader, writer = await raw_request(url, BODY)
+        await reader.readuntil(b'data: {"i": 1}')
+        writer.close()
+        await left(upstream, gateway)
+        metrics = gateway.metrics
+        return (
+            metrics.errors.labels("m", "client_disconnect")._value.get(),
+            metrics.requests.labels("m", "r0", "200")._value.get(),
+        )
+
+    assert run(scenario) == (1, 0)
 
 
 def test_slow_client_gets_every_byte():
