@@ -6,8 +6,10 @@ and in metrics, opens the exchange, relays the answer, and records time to first
 latency and status, and success or failure against the replica (``ReplicaSet.failed``
 takes it out of rotation after N failures in a row). It returns the response, or
 ``Unanswered`` when the upstream failed before the response's first byte (the caller
-may try elsewhere). A timeout before that is a 408 of the gateway's own; a response cut
-off after it ends with an error event (a stream) and is never replayed.
+may try elsewhere). A timeout before that is a 408 of the gateway's own, counted against
+the replica when the limit was the gateway's own (not a priority class's tighter one): a
+replica that accepts requests and never answers is then passed over. A response cut off
+after the first byte ends with an error event (a stream) and is never replayed.
 
 A response that ended whole is read for its usage once its last byte is sent: when the
 model's replica policy has ``observe_usage`` (replica_policy.py), the prompt and cached
@@ -134,7 +136,7 @@ class Attempts:
             try:
                 exchange = await upstream.open(target.url, body, headers, limits)
             except TimeoutError:
-                return self.refuse(self.timed_out(journey.admission, limits), target.model)
+                return self._no_answer_in_time(journey, target, limits)
             except UpstreamConnectError as exc:
                 log.warning("%s unreachable: %r", target.label, exc)
                 return self._unanswered(target, "upstream_connect")
@@ -185,7 +187,7 @@ class Attempts:
         if outcome is not Outcome.DONE:
             if not response.prepared:  # nothing was sent yet: answer with an error of our own
                 if outcome is Outcome.TIMEOUT:
-                    return self.refuse(self.timed_out(journey.admission, limits), target.model)
+                    return self._no_answer_in_time(journey, target, limits)
                 self._replica_failed(target, "stream_broken")
                 error = RequestError(
                     502,
@@ -283,8 +285,22 @@ class Attempts:
         self._replica_failed(target, reason)
         return Unanswered(reason)
 
+    def _no_answer_in_time(
+        self, journey: Journey, target: Target, limits: TimeLimits
+    ) -> web.Response:
+        """A 408 for a response that did not come within the time limit. Under the
+        gateway's own limit (no priority class narrowed it) it counts against the
+        replica, so one that accepts requests and never answers is passed over by the
+        next ones; a class's tighter limit says nothing about the replica."""
+        if not narrowed_by_class(journey.admission):
+            self._count_failure(target)
+        return self.refuse(self.timed_out(journey.admission, limits), target.model)
+
     def _replica_failed(self, target: Target, reason: str) -> None:
         self.metrics.errors.labels(target.model, reason).inc()
+        self._count_failure(target)
+
+    def _count_failure(self, target: Target) -> None:
         replica = target.replica
         if replica is not None and self.replica_set.failed(replica):
             self.metrics.cooldowns.labels(replica.model, replica.replica_id).inc()
@@ -319,6 +335,14 @@ def _event_boundary(last_chunk: bytes) -> bytes:
     if not last_chunk or last_chunk.endswith(b"\n\n"):
         return b""
     return b"\n" if last_chunk.endswith(b"\n") else b"\n\n"
+
+
+def narrowed_by_class(admission: Admission) -> bool:
+    """Whether the request's priority class sets time limits of its own."""
+    priority_class = admission.priority_class
+    return priority_class is not None and (
+        priority_class.timeout_s is not None or priority_class.stream_idle_timeout_s is not None
+    )
 
 
 def delivered_whole(exchange: Exchange) -> bool:

@@ -21,8 +21,11 @@ Data flow (app.py has admitted the request; policies.py decided where it may go)
                 failure after the first byte  -> the stream ends with an error event
                 client disconnects            -> the handler is cancelled, the upstream
                                                  connection is closed, vLLM aborts
-            no replica, or both failed    -> fallback provider when allowed, else 503/502
-        _to_provider: Attempts.run(provider) through aiohttp's client
+            no replica, or both failed    -> fallback provider when allowed, else 503/502;
+                                           the provider failing too -> 503
+        _to_provider: Attempts.run(provider) through aiohttp's client; a provider taking
+        the overflow of the queue depth that fails before responding leaves the request
+        to the replica picked, and one a route rule chose -> 502
 
 ``Attempts.run`` (attempt.py) is the one accounting wrapper around any upstream. The
 time limits of an attempt are the gateway's (or the provider's) own, narrowed by the
@@ -36,7 +39,14 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from rayfleet.gateway.access_log import REQUEST_ID_HEADER, note_admission, request_id
-from rayfleet.gateway.attempt import Attempts, Journey, Target, Unanswered
+from rayfleet.gateway.attempt import (
+    Attempt,
+    Attempts,
+    Journey,
+    Target,
+    Unanswered,
+    narrowed_by_class,
+)
 from rayfleet.gateway.errors import RequestError
 from rayfleet.gateway.fallback import Provider
 from rayfleet.gateway.metrics import GatewayMetrics
@@ -104,9 +114,18 @@ class Dispatcher:
             self.metrics.routes.labels(requested, admission.route_rule, admission.destination).inc()
         journey = Journey(request, path, raw, admission, started, extra)
         if admission.provider is not None and admission.provider_model is not None:
-            return await self._to_provider(
-                journey, admission.provider, admission.provider_model, "rule"
-            )
+            provider = admission.provider
+            result = await self._to_provider(journey, provider, admission.provider_model, "rule")
+            if isinstance(result, Unanswered):
+                error = RequestError(
+                    502,
+                    f"Fallback provider '{provider.name}' failed before responding. "
+                    "Retry the request.",
+                    code="upstream_failed",
+                    reason="fallback_failed",
+                )
+                return self.attempts.refuse(error, admission.requested)
+            return result
         assert admission.model is not None  # admit() names a model or a provider
         return await self._to_fleet(journey, admission.model)
 
@@ -141,7 +160,10 @@ class Dispatcher:
             ):
                 fallback = self.policies.fallback_for(admission)
                 if fallback is not None:
-                    return await self._to_provider(journey, *fallback, "queue_depth")
+                    overflow = await self._to_provider(journey, *fallback, "queue_depth")
+                    if not isinstance(overflow, Unanswered):
+                        return overflow
+                    # The provider is down: the replica, busy as it is, still serves.
             if tried:
                 self.metrics.retries.labels(model).inc()
             tried.append(replica.replica_id)
@@ -175,7 +197,21 @@ class Dispatcher:
         fallback = self._fallback_for(journey, tried)
         if fallback is not None:
             reason = "failure" if tried else "no_replica"
-            return await self._to_provider(journey, *fallback, reason)
+            result = await self._to_provider(journey, *fallback, reason)
+            if not isinstance(result, Unanswered):
+                return result
+            if not tried:
+                journey.admission.refund()  # nothing was done for it: the key is not charged
+            what = f"failed (tried {', '.join(tried)})" if tried else "is available"
+            error = RequestError(
+                503,
+                f"No replica of model '{model}' {what}, and fallback provider "
+                f"'{fallback[0].name}' failed before responding too. Retry shortly, or "
+                "check `rayfleet status` and the provider.",
+                code="no_healthy_replica",
+                reason="fallback_failed",
+            )
+            return self.attempts.refuse(error, model)
         if tried:
             error = RequestError(
                 502,
@@ -207,24 +243,17 @@ class Dispatcher:
 
     async def _to_provider(
         self, journey: Journey, provider: Provider, provider_model: str, reason: str
-    ) -> web.StreamResponse:
+    ) -> Attempt:
+        """Send the request to ``provider``: its answer, or ``Unanswered`` when it failed
+        before responding (each caller knows what is left to try)."""
         admission = journey.admission
         self.metrics.fallbacks.labels(admission.requested, provider.name, reason).inc()
         body = provider.body_for(admission.body, provider_model)
         limits = self._limits_for(admission, provider.limits)
         target = Target(provider.url(journey.path), provider.label, admission.requested)
-        result = await self.attempts.run(
+        return await self.attempts.run(
             journey, self.providers, target, body, provider.headers, limits
         )
-        if isinstance(result, Unanswered):
-            error = RequestError(
-                502,
-                f"Fallback provider '{provider.name}' failed before responding. Retry the request.",
-                code="upstream_failed",
-                reason="fallback_failed",
-            )
-            return self.attempts.refuse(error, admission.requested)
-        return result
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -250,9 +279,7 @@ class Dispatcher:
     def _limits_for(self, admission: Admission, base: TimeLimits) -> TimeLimits:
         """``base`` narrowed by the request's priority class, when it sets limits."""
         priority_class = admission.priority_class
-        if priority_class is None or (
-            priority_class.timeout_s is None and priority_class.stream_idle_timeout_s is None
-        ):
+        if priority_class is None or not narrowed_by_class(admission):
             return base
         return TimeLimits(
             total_s=min(priority_class.timeout_s or base.total_s, base.total_s),
