@@ -1,12 +1,13 @@
 """Replicas die and come back, requests keep succeeding, `rayfleet down` leaves nothing.
 
-The module's shared fleet (tests/conftest.py's ``fleet``) is never stopped here: the
-tests that stop a fleet start their own, so every test runs alone or in any order.
+The module's shared fleet (tests/conftest.py's ``fleet``) is stopped by the module's last
+test only (`rayfleet down` of a detached fleet); a test run alone still finds it up.
+Ctrl-C to a foreground `up`, and `down` at each phase of a replica's start, are in
+test_stop_phases.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -16,14 +17,10 @@ import openai
 import psutil
 import pytest
 
-from rayfleet.control.engine import free_port
 from tests.integration.fleet import (
     TINY_ARGS,
     model_entry,
-    running_fleet,
-    start_foreground_up,
     wait_until,
-    write_config,
 )
 
 pytestmark = pytest.mark.integration
@@ -127,59 +124,24 @@ def test_killed_server_is_replaced_while_requests_keep_succeeding(fleet, client)
     assert replaced["replica_id"] in replicas_serving(client)
 
 
-def test_down_leaves_no_process_and_frees_the_port(tmp_path, tiny_model):
-    with running_fleet(tmp_path, [model_entry("tiny", tiny_model)]) as fleet:
-        state = fleet.state()
-        root = psutil.Process(state["pid"])
-        tree = [root, *root.children(recursive=True)]
-        engines = [psutil.Process(pid) for pid in state["engine_pids"] if psutil.pid_exists(pid)]
-        assert any("vllm" in " ".join(p.cmdline()) for p in tree + engines)
+def test_down_at_the_end_leaves_no_process_and_frees_the_port(fleet):
+    """Last in the module: `rayfleet down` stops its detached fleet (two replicas, one of
+    them a replacement by now, and the embedding model) and leaves nothing behind."""
+    state = fleet.state()
+    root = psutil.Process(state["pid"])
+    tree = [root, *root.children(recursive=True)]
+    engines = [psutil.Process(pid) for pid in state["engine_pids"] if psutil.pid_exists(pid)]
+    assert any("vllm" in " ".join(p.cmdline()) for p in tree + engines)
 
-        result = fleet.cli("down")
-        assert "fleet stopped" in result.stderr
+    result = fleet.cli("down")
+    assert "fleet stopped" in result.stderr
 
-        assert_all_gone(tree + engines)
-        with socket.socket() as s:
-            # As a new server would: TIME_WAIT leftovers allowed, a listener still there not.
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("127.0.0.1", fleet.port))
-            s.listen()
-        assert not fleet.state_file.exists()
-        status = fleet.cli("status", check=False)
-        assert status.returncode == 2 and "no fleet is running" in status.stderr
-
-
-def test_ctrl_c_in_the_foreground_stops_everything(tmp_path, tiny_model):
-    """Ctrl-C reaches the whole foreground process group, as a terminal sends it."""
-    port = free_port()
-    config = write_config(tmp_path, [model_entry("tiny", tiny_model)], port)
-    up = start_foreground_up(tmp_path, config)
-    state_file = tmp_path / "run" / "fleet.json"
-
-    def ready_state():
-        if up.poll() is not None:
-            return {"phase": f"`rayfleet up` exited with code {up.returncode}"}
-        if state_file.exists():
-            state = json.loads(state_file.read_text())
-            return state if state["phase"] == "ready" else None
-        return None
-
-    try:
-        state = wait_until(ready_state, timeout_s=600, poll_s=0.5)
-        assert state is not None, "the fleet was not ready within 600 s"
-        assert state["phase"] == "ready", state["phase"]
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
-        assert client.completions.create(model="tiny", prompt="hi", max_tokens=2).choices
-        engines = [psutil.Process(p) for p in state["engine_pids"]]
-        tree = [psutil.Process(up.pid), *psutil.Process(up.pid).children(recursive=True)]
-
-        os.killpg(up.pid, signal.SIGINT)
-        output, _ = up.communicate(timeout=180)
-    finally:
-        if up.poll() is None:
-            os.killpg(up.pid, signal.SIGKILL)
-    assert up.returncode == 0, output
-    assert "fleet stopped" in output
-    assert "Traceback" not in output, output
     assert_all_gone(tree + engines)
-    assert not state_file.exists()
+    with socket.socket() as s:
+        # As a new server would: TIME_WAIT leftovers allowed, a listener still there not.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", fleet.port))
+        s.listen()
+    assert not fleet.state_file.exists()
+    status = fleet.cli("status", check=False)
+    assert status.returncode == 2 and "no fleet is running" in status.stderr

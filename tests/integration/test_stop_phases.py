@@ -101,6 +101,7 @@ def stop(how: str, home: Path, up: subprocess.Popen[str]) -> None:
         os.killpg(up.pid, signal.SIGINT)
         output, _ = up.communicate(timeout=DOWN_TIMEOUT_S)
         assert up.returncode == 0 and "Traceback" not in output, output
+        assert "fleet stopped" in output, output
         return
     down = subprocess.run(
         [*RAYFLEET, "down"],
