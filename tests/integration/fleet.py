@@ -88,6 +88,12 @@ def model_entry(
     return {"name": name, "source": str(source), "engine_args": dict(engine_args), **fields}
 
 
+def demo_and_tiny(tiny_model: Path, demo_model: Path) -> list[dict[str, Any]]:
+    """The fleet of the modules sharing ``SHARED_FLEET = "demo-and-tiny"``: the demo model
+    and the tiny one, a replica each."""
+    return [model_entry("smollm2-135m", demo_model, DEMO_ARGS), model_entry("tiny", tiny_model)]
+
+
 def write_config(
     home: Path,
     models: list[dict[str, Any]],

@@ -1,6 +1,8 @@
 """A real fleet (Ray Serve, two vLLM models) driven with the official openai client.
 
-The module's fleet and its openai client are tests/conftest.py's ``fleet`` and ``client``.
+The module's fleet and its openai client are tests/conftest.py's ``fleet`` and ``client``;
+the fleet is shared with the modules that name the same ``SHARED_FLEET``, which run after
+this one.
 """
 
 from __future__ import annotations
@@ -11,14 +13,16 @@ import openai
 import pytest
 import requests
 
-from tests.integration.fleet import DEMO_ARGS, engine_gauge, model_entry, wait_until
+from tests.integration.fleet import demo_and_tiny, engine_gauge, wait_until
 
 pytestmark = pytest.mark.integration
+
+SHARED_FLEET = "demo-and-tiny"  # with test_metrics_names.py and test_top.py
 
 
 @pytest.fixture(scope="module")
 def fleet_models(tiny_model, demo_model):
-    return [model_entry("smollm2-135m", demo_model, DEMO_ARGS), model_entry("tiny", tiny_model)]
+    return demo_and_tiny(tiny_model, demo_model)
 
 
 def test_lists_models(client):

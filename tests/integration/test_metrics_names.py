@@ -18,17 +18,18 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rayfleet.k8s.monitoring import DCGM_METRICS, alert_rules, dashboard, expressions, metric_names
-from tests.integration.fleet import RunningFleet, model_entry, wait_until
+from tests.integration.fleet import RunningFleet, demo_and_tiny, wait_until
 
 pytestmark = pytest.mark.integration
 
+SHARED_FLEET = "demo-and-tiny"  # test_fleet_api.py's fleet: counters are read as differences
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 REPUBLISH_TIMEOUT_S = 60  # the gateway reads each replica every 5 s
 
 
 @pytest.fixture(scope="module")
-def fleet_models(tiny_model) -> list[dict[str, Any]]:
-    return [model_entry("tiny", tiny_model, replicas=1)]
+def fleet_models(tiny_model, demo_model) -> list[dict[str, Any]]:
+    return demo_and_tiny(tiny_model, demo_model)
 
 
 def scrape(url: str) -> tuple[set[str], set[str], dict[tuple[str, frozenset[Any]], float]]:
@@ -75,18 +76,22 @@ def send_requests(fleet: RunningFleet) -> list[str]:
 
 
 def test_every_name_in_the_dashboard_and_the_rules_is_exported(fleet):
+    [replica] = [r for r in fleet.status()["replicas"] if r["model"] == "tiny"]
+    labels = {"model": "tiny", "replica": replica["replica_id"]}
+    before = scrape(fleet.url)[2]
     ids = send_requests(fleet)
-    [replica] = fleet.status()["replicas"]
     used: set[str] = set()
     for expr in expressions(alert_rules(), dashboard()):
         used |= metric_names(expr)
     gpu_only = {name for name in used if name.startswith("DCGM_")}
     assert gpu_only <= set(DCGM_METRICS)
 
+    tokens_before = value(before, "rayfleet_replica_generation_tokens_total", **labels)
+
     def republished() -> tuple[set[str], set[str], dict[Any, float]] | None:
         scraped = scrape(fleet.url)
-        tokens = value(scraped[2], "rayfleet_replica_generation_tokens_total")
-        return scraped if tokens > 0 else None
+        tokens = value(scraped[2], "rayfleet_replica_generation_tokens_total", **labels)
+        return scraped if tokens > tokens_before else None
 
     gateway = wait_until(republished, REPUBLISH_TIMEOUT_S, 1.0)
     assert gateway is not None, "the gateway never republished the replica's gauges"
@@ -104,9 +109,9 @@ def test_every_name_in_the_dashboard_and_the_rules_is_exported(fleet):
     assert must_show - gateway[1] - engine[1] == set()
 
     values = gateway[2]
-    labels = {"model": "tiny", "replica": replica["replica_id"]}
     assert value(values, "rayfleet_replica_up", **labels) == 1.0
-    assert value(values, "rayfleet_requests_total", status="200", **labels) == len(ids)
+    answered = value(values, "rayfleet_requests_total", status="200", **labels)
+    assert answered - value(before, "rayfleet_requests_total", status="200", **labels) == len(ids)
     assert 0.0 <= value(values, "rayfleet_replica_kv_cache_usage", **labels) <= 1.0
     assert 0.0 <= value(values, "rayfleet_replica_prefix_cache_hit_rate", **labels) <= 1.0
     assert_counters_match_vllm(fleet, replica)
@@ -119,7 +124,8 @@ def assert_counters_match_vllm(fleet: RunningFleet, replica: dict[str, Any]) -> 
     def same() -> tuple[float, float] | None:
         engine = scrape(replica["url"])[2]
         gateway = scrape(fleet.url)[2]
-        ours = value(gateway, "rayfleet_replica_generation_tokens_total")
+        mine = {"replica": replica["replica_id"]}
+        ours = value(gateway, "rayfleet_replica_generation_tokens_total", **mine)
         theirs = value(engine, "vllm:generation_tokens_total")
         return (ours, theirs) if ours == theirs else None
 

@@ -14,18 +14,19 @@ from typing import Any
 
 import pytest
 
-from tests.integration.fleet import RunningFleet, model_entry, wait_until
+from tests.integration.fleet import RunningFleet, demo_and_tiny, wait_until
 from tests.integration.load import StreamLoad
 from tests.unit.test_top import table_rows
 
 pytestmark = pytest.mark.integration
 
+SHARED_FLEET = "demo-and-tiny"  # test_fleet_api.py's fleet
 SCREEN_TIMEOUT_S = 120
 
 
 @pytest.fixture(scope="module")
-def fleet_models(tiny_model) -> list[dict[str, Any]]:
-    return [model_entry("tiny", tiny_model)]
+def fleet_models(tiny_model, demo_model) -> list[dict[str, Any]]:
+    return demo_and_tiny(tiny_model, demo_model)
 
 
 class Tmux:
@@ -90,7 +91,7 @@ def replica_row(screen: str, replica_id: str) -> list[str] | None:
 
 
 def test_top_shows_the_fleet_and_q_gives_the_terminal_back(fleet, tmux, tmp_path):
-    (replica,) = fleet.status()["replicas"]
+    (replica,) = [r for r in fleet.status()["replicas"] if r["model"] == "tiny"]
     tmux.start(top_script(fleet, tmp_path / "top.sh"))
     with StreamLoad(fleet.client(), "tiny", num_streams=2, max_tokens=16) as load:
         cells = wait_until(
