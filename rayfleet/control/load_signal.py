@@ -40,7 +40,8 @@ PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
 PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 CACHE_CONFIG = "vllm:cache_config_info"  # an info gauge: the KV cache's size in its labels
-_STATS = (*_GAUGES, PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES, GENERATION_TOKENS)
+PROCESS_START = "process_start_time_seconds"  # the API server's, from prometheus_client
+_STATS = (*_GAUGES, PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES, GENERATION_TOKENS, PROCESS_START)
 
 
 class LoadUnavailable(Exception):
@@ -70,6 +71,7 @@ class EngineStats:
     prefix_cache_queries: float | None
     generation_tokens: float | None
     kv_cache_tokens: int | None = None  # tokens the KV cache holds (all engines), if exported
+    start_time: float | None = None  # when the server started (unix seconds), if exported
 
     @property
     def prefix_cache_hit_rate(self) -> float | None:
@@ -100,6 +102,7 @@ def parse_engine_stats(text: str) -> EngineStats:
         prefix_cache_queries=total(PREFIX_CACHE_QUERIES),
         generation_tokens=total(GENERATION_TOKENS),
         kv_cache_tokens=_kv_cache_tokens(text),
+        start_time=max(samples[PROCESS_START]) if samples[PROCESS_START] else None,
     )
 
 

@@ -52,7 +52,7 @@ from rayfleet.gateway.openapi import OPENAPI_PATH, openapi_document
 from rayfleet.gateway.policies import Policies
 from rayfleet.gateway.replica_gauges import PERIOD_S, ReplicaGauges
 from rayfleet.gateway.replicas import Entry, ReplicaSet
-from rayfleet.gateway.routing import build_replica_policy, size_index
+from rayfleet.gateway.routing import build_replica_policy, observe_engine
 from rayfleet.gateway.upstream import TimeLimits
 from rayfleet.gateway.validate import INPUT_FIELDS, parse_request
 
@@ -101,8 +101,11 @@ class Gateway:
                 self.replica_set,
                 self.metrics.registry,
                 period_s=replica_metrics_period_s,
-                on_stats=lambda r, s: size_index(
-                    self.dispatcher.replica_policies.get(r.model), r, s.kv_cache_tokens
+                on_stats=lambda r, s: observe_engine(
+                    self.dispatcher.replica_policies.get(r.model),
+                    r,
+                    s.kv_cache_tokens,
+                    s.start_time,
                 ),
             )
             if replica_metrics_period_s is not None

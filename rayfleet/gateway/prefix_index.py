@@ -222,6 +222,7 @@ class PrefixIndex:
         self._segment_blocks = max(1, min(_SEGMENT_BLOCKS, capacity_blocks // 4))
         self._holders: dict[str, _Holder] = {}  # by replica id
         self._sized: dict[str, int] = {}  # by replica id: its own bound, once known (size)
+        self._started: dict[str, float] = {}  # by replica id: its engine's start time
         self._swept_at = 0.0
         # The last candidate list, its holders and tables, and when it was last named.
         self._named: list[Replica] = []
@@ -282,10 +283,23 @@ class PrefixIndex:
             while len(holder.blocks) > bound:
                 self._evict(holder.blocks)
 
+    def started(self, replica_id: str, start_time: float) -> bool:
+        """Note when a replica's engine started; True when that moved since the last
+        note, a restart under the same url and pid: what it held is gone, and so is the
+        replica's table here (its size bound stays)."""
+        before = self._started.get(replica_id)
+        self._started[replica_id] = start_time
+        if before is None or before == start_time:
+            return False
+        self._holders.pop(replica_id, None)
+        self._named = []
+        return True
+
     def forget(self, replica_id: str) -> None:
         """Drop everything known of a replica (it left or restarted)."""
         self._holders.pop(replica_id, None)
         self._sized.pop(replica_id, None)
+        self._started.pop(replica_id, None)
         self._named = []
 
     def sweep(self, now: float) -> None:

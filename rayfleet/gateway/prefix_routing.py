@@ -50,8 +50,9 @@ the prompt, and remembers for each replica about as much as its KV cache holds
 (``size_index``: vLLM's cache_config_info, read with each replica's /metrics, in
 tokens, times the prompt characters per token learned from the replicas' usage reports;
 ``routing.index_blocks`` until the first reading, and at most). A replica whose url or pid
-changed (a restart) is forgotten and starts empty; one that no candidate list has named
-for a minute is forgotten too.
+changed (a restart) is forgotten and starts empty, as is one whose engine's start time
+moved (``engine_started``: vLLM's process_start_time_seconds, read with its /metrics);
+one that no candidate list has named for a minute is forgotten too.
 
 Under ``gateway.workers`` each worker has its own index, and tells the others what each
 pick taught it (``on_learn``, ``learn_from_peer``; index_sharing.py), so every worker's
@@ -65,6 +66,7 @@ predicted one (``hit_rates``; per replica in ``/metrics`` through ``on_usage``).
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -80,6 +82,8 @@ from rayfleet.gateway.prefix_index import (
 )
 from rayfleet.gateway.replica_policy import RequestInfo, load_bound
 from rayfleet.gateway.replicas import Replica
+
+log = logging.getLogger("rayfleet.gateway")
 
 # What a pick reports: the replica chosen, the blocks it is predicted to hold, the blocks.
 PickObserver = Callable[[Replica, int, int], None]
@@ -134,6 +138,14 @@ class PrefixRouting:
         blocks of ``block_chars``; ``routing.index_blocks`` stays the upper bound."""
         num_blocks = math.ceil(kv_cache_tokens * self.chars_per_token / self.block_chars)
         self.index.size(replica.replica_id, num_blocks)
+
+    def engine_started(self, replica: Replica, start_time: float) -> None:
+        """Note when ``replica``'s engine started (vLLM's ``process_start_time_seconds``,
+        read with its /metrics): a start that moved is a restart the url and pid do not
+        show (an engine restarted in place, a simulator's restart), and its index starts
+        empty."""
+        if self.index.started(replica.replica_id, start_time):
+            log.info("replica %s restarted: its prefix index starts empty", replica.replica_id)
 
     @property
     def chars_per_token(self) -> float:

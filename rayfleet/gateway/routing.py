@@ -12,9 +12,10 @@ With ``metrics``, the policy is wrapped so that every pick's duration goes to
 ``rayfleet_replica_pick_seconds{model, policy}``; the prefix policy also counts the blocks
 it predicted cached and the blocks sent per replica, the tokens replicas reported cached
 (``observe_usage``, passed through ``TimedPolicy``), and its index size per replica is
-read when ``/metrics`` is scraped (``GatewayMetrics.before_render``). ``size_index``
-bounds the prefix policy's memory of a replica to its KV cache, from the replica's vLLM
-/metrics as replica_gauges.py reads them.
+read when ``/metrics`` is scraped (``GatewayMetrics.before_render``). ``observe_engine``
+passes the prefix policy what a replica's vLLM /metrics say (as replica_gauges.py reads
+them): the KV cache's size bounds its memory of the replica, and a start time that moved
+empties it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from rayfleet.gateway.session_affinity import SessionAffinity
 
 Refresh = Callable[[], None]
 IndexSizer = Callable[[Replica, int], None]  # (replica, tokens its KV cache holds)
+StartObserver = Callable[[Replica, float], None]  # (replica, when its engine started)
 
 
 def build_replica_policy(
@@ -69,6 +71,7 @@ class TimedPolicy:
         # The wrapped policy's optional hooks, found under the same names.
         self.observe_usage: UsageObserver | None = getattr(policy, "observe_usage", None)
         self.size_index: IndexSizer | None = getattr(policy, "size_index", None)
+        self.engine_started: StartObserver | None = getattr(policy, "engine_started", None)
 
     def pick(self, request: RequestInfo, replicas: Sequence[Replica]) -> Replica | None:
         started = time.perf_counter()
@@ -77,13 +80,21 @@ class TimedPolicy:
         return replica
 
 
-def size_index(policy: ReplicaPolicy | None, replica: Replica, kv_cache_tokens: int | None) -> None:
-    """Bound a prefix policy's index of ``replica`` to the KV cache its vLLM reports
-    (``EngineStats.kv_cache_tokens``); a no-op for other policies and for a server that
-    does not say."""
+def observe_engine(
+    policy: ReplicaPolicy | None,
+    replica: Replica,
+    kv_cache_tokens: int | None,
+    start_time: float | None,
+) -> None:
+    """Tell a prefix policy what ``replica``'s vLLM reports: its KV cache's size in tokens
+    bounds the policy's index of it, and its start time moving empties that index. A no-op
+    for other policies and for what a server does not say."""
     sizer: IndexSizer | None = getattr(policy, "size_index", None)
     if sizer is not None and kv_cache_tokens:
         sizer(replica, kv_cache_tokens)
+    started: StartObserver | None = getattr(policy, "engine_started", None)
+    if started is not None and start_time is not None:
+        started(replica, start_time)
 
 
 def _hit_counter(model: str, metrics: GatewayMetrics) -> PickObserver:

@@ -134,7 +134,7 @@ class Worker:
             body: dict[str, Any] = await r.json()
         self.applied = body["version"]
         self.gateway.replica_set.waiting_slots = body["waiting_slots"]
-        size_indexes(self.gateway, body.get("kv_cache_tokens", {}))
+        observe_engines(self.gateway, body.get("engines", {}))
         if body["generation"] != self.generation:
             try:
                 await self._reconfigure()
@@ -206,14 +206,21 @@ class Worker:
             replica_set.refresh_shared()
 
 
-def size_indexes(gateway: Gateway, kv_cache_tokens: dict[str, int]) -> None:
-    """Size each replica's prefix index by the KV cache tokens the fleet process read
-    (by replica id); replicas this worker does not know yet are sized at a later poll."""
-    from rayfleet.gateway.routing import size_index
+def observe_engines(gateway: Gateway, engines: dict[str, dict[str, Any]]) -> None:
+    """Pass each replica's prefix policy what the fleet process read from its /metrics
+    (by replica id: ``kv_cache_tokens``, ``start_time``); replicas this worker does not
+    know yet are told at a later poll."""
+    from rayfleet.gateway.routing import observe_engine
 
     policies = gateway.dispatcher.replica_policies
-    for replica in gateway.replica_set.replicas():  # size_index skips an unknown size
-        size_index(policies.get(replica.model), replica, kv_cache_tokens.get(replica.replica_id))
+    for replica in gateway.replica_set.replicas():
+        engine = engines.get(replica.replica_id, {})
+        observe_engine(
+            policies.get(replica.model),
+            replica,
+            engine.get("kv_cache_tokens"),
+            engine.get("start_time"),
+        )
 
 
 def _open_access_log(path: str | None) -> logging.Handler:

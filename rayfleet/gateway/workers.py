@@ -342,19 +342,20 @@ class WorkerPool:
             "waiting_slots": waiting,
             "generation": self.generation,
             "version": self._version,
-            "kv_cache_tokens": self._kv_cache_tokens(),
+            "engines": self._engines(),
         }
         return web.json_response(body)
 
-    def _kv_cache_tokens(self) -> dict[str, int]:
-        """Each replica's KV cache size in tokens, as this process last read it from the
-        replica's /metrics: the workers size their prefix indexes by it."""
+    def _engines(self) -> dict[str, dict[str, float | None]]:
+        """Each replica's KV cache size in tokens and start time, as this process last
+        read them from the replica's /metrics: the workers size their prefix indexes by
+        the one and empty them when the other moves."""
         gauges = self._gateway.replica_gauges
         readings = gauges.readings.items() if gauges is not None else ()
         return {
-            replica_id: stats.kv_cache_tokens
+            replica_id: {"kv_cache_tokens": stats.kv_cache_tokens, "start_time": stats.start_time}
             for (_, replica_id), stats in readings
-            if stats is not None and stats.kv_cache_tokens
+            if stats is not None
         }
 
     async def _config(self, _request: web.Request) -> web.Response:

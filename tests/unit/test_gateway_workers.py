@@ -26,7 +26,7 @@ from rayfleet.gateway.replica_policy import RequestInfo
 from rayfleet.gateway.replicas import Replica, ReplicaSet
 from rayfleet.gateway.server import listen
 from rayfleet.gateway.shared_state import CountsSpec, QuotaCells, SharedCounts
-from rayfleet.gateway.worker_process import size_indexes
+from rayfleet.gateway.worker_process import observe_engines
 
 
 def _count_in_other_process(spec: CountsSpec, row: int, slot: int, times: int) -> None:
@@ -179,17 +179,30 @@ def test_what_one_worker_learns_the_others_route_by(tmp_path: Path):
 
 def test_a_worker_sizes_its_index_by_the_kv_cache_the_fleet_process_read():
     """Workers do not read the replicas' /metrics; the membership answer carries each
-    replica's KV cache tokens, and the index holds no more of a replica than that."""
+    replica's KV cache tokens and start time: the index holds no more of a replica than
+    its cache, and forgets what it held when its start time moves."""
     gateway = _prefix_gateway()
     # 400 tokens at 4 characters a token: 25 blocks of 64 characters for r0; r1 unsaid.
-    size_indexes(gateway, {"r0": 400, "gone": 10_000})
+    read = {"kv_cache_tokens": 400, "start_time": 100.0}
+    observe_engines(gateway, {"r0": read, "gone": {"kv_cache_tokens": 10_000}})
     policy = gateway.dispatcher.replica_policies["m"].policy  # under TimedPolicy
     replicas = {r.replica_id: r for r in gateway.replica_set.replicas("m")}
     long_prompt = {"prompt": "a long story about nothing at all. " * 200}  # 109 blocks
-    for replica_id in ("r0", "r1"):
-        table = policy.index.table_of(replicas[replica_id])
-        policy.index.record(table, policy.hasher.hashes("", long_prompt["prompt"]))
+
+    def fill() -> dict[str, int]:
+        for replica_id in ("r0", "r1"):
+            table = policy.index.table_of(replicas[replica_id])
+            policy.index.record(table, policy.hasher.hashes("", long_prompt["prompt"]))
+        return policy.index.num_blocks()
+
+    assert fill() == {"r0": 25, "r1": 109}
+    # The same start, and r1's first: nothing to forget.
+    observe_engines(gateway, {"r0": read, "r1": {"kv_cache_tokens": None, "start_time": 7.0}})
     assert policy.index.num_blocks() == {"r0": 25, "r1": 109}
+    # r0's engine restarted under the same url and pid: its table starts empty, its bound stays.
+    observe_engines(gateway, {"r0": {**read, "start_time": 160.0}})
+    assert policy.index.num_blocks() == {"r1": 109}
+    assert fill() == {"r0": 25, "r1": 109}
 
 
 def _pick(gateway: Gateway, request: RequestInfo) -> str:

@@ -175,3 +175,9 @@ def test_the_kv_cache_size_comes_from_cache_config_info():
     assert (
         parse_engine_stats(METRICS.replace("vllm:cache_config_info{", "x{")).kv_cache_tokens is None
     )
+
+
+def test_the_start_time_is_the_servers_process_start_time():
+    assert parse_engine_stats(METRICS).start_time == 1.79605935853e09
+    unsaid = METRICS.replace("process_start_time_seconds ", "other_seconds ")
+    assert parse_engine_stats(unsaid).start_time is None

@@ -91,3 +91,53 @@ def test_realised_hits_reach_the_prefix_policy_and_metrics_as_the_replica_counte
     assert f"{line} {float(policy.num_realised_hit_tokens)}" in metrics
     prompt_line = f'rayfleet_prefix_usage_prompt_tokens_total{{model="m",replica="{replica}"}}'
     assert f"{prompt_line} {float(policy.num_realised_prompt_tokens)}" in metrics
+
+
+def test_a_replica_restarted_under_the_same_pid_is_forgotten_by_its_start_time():
+    """The simulator's restart keeps its url (and the source its pid) but moves its
+    ``process_start_time_seconds``: the gateway reads it with the replica's /metrics, and
+    the prefix index of that replica starts empty."""
+
+    async def main(urls: list[str]) -> tuple[dict[str, int], dict[str, int]]:
+        entries = [{"replica_id": "r0", "model": "m", "url": urls[0], "pid": 7}]
+
+        async def source():
+            return entries
+
+        policies = Policies.plain(["m"])
+        policies.routing = {"m": RoutingConfig(policy="prefix")}
+        gateway = Gateway(["m"], source, policies=policies, replica_metrics_period_s=0.05)
+        runner = await start_gateway(gateway, "127.0.0.1", 0)
+        host, port = runner.addresses[0][:2]
+        timed = gateway.dispatcher.replica_policies["m"]
+        assert isinstance(timed, TimedPolicy) and isinstance(timed.policy, PrefixRouting)
+        index = timed.policy.index
+        gauges = gateway.replica_gauges
+        assert gauges is not None
+        try:
+            async with aiohttp.ClientSession() as session:
+                for i in range(3):
+                    url = f"http://{host}:{port}/v1/completions"
+                    async with session.post(url, json=body("shared " * 80, i, False, False)) as r:
+                        assert r.status == 200
+                held = index.num_blocks()
+                # Once the gateway has read the start time, the replica restarts.
+                await until(lambda: any(s and s.start_time for s in gauges.readings.values()))
+                async with session.post(urls[0] + "/simulator/restart") as r:
+                    assert r.status == 200
+                await until(lambda: index.num_blocks().get("r0", 0) == 0)
+                return held, index.num_blocks()
+        finally:
+            await runner.cleanup()
+
+    spec = EngineSpec(step_s=0.0005, prefill_token_s=0.0, decode_seq_s=0.0)
+    with SimFleet(spec, num_replicas=1) as fleet:
+        held, after = asyncio.run(main(fleet.urls))
+    assert held["r0"] > 0 and after.get("r0", 0) == 0
+
+
+async def until(predicate, timeout_s: float = 10.0) -> None:
+    """Wait until ``predicate()`` holds; fail after ``timeout_s``."""
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.01)
