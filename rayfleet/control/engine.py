@@ -38,7 +38,8 @@ stops a server's group; ``rayfleet down`` uses it for servers its fleet process 
 ``EngineProcess(..., pid_dir=d)`` records the server the moment it is spawned
 (``record_engine``) and removes the record once ``stop`` has stopped it. A fleet keeps
 the records in ``<log dir>/pids`` (``PID_DIR``); its shutdown and ``rayfleet down`` stop
-every group still recorded there (``kill_recorded_engines``).
+every group still recorded there (``kill_recorded_engines``), and ``start`` first stops
+the recorded groups of the node whose server is gone (``stop_leaderless_engines``).
 """
 
 from __future__ import annotations
@@ -59,7 +60,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayfleet.control.engine_args import engine_argv
-from rayfleet.control.process_groups import kill_process_group, record_engine
+from rayfleet.control.process_groups import (
+    kill_process_group,
+    record_engine,
+    stop_leaderless_engines,
+)
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 HEADLESS_MODULE = "rayfleet.control.headless"  # a rank of an engine that spans nodes
@@ -190,6 +195,10 @@ class EngineProcess:
         return self.proc.pid if self.proc else None
 
     def start(self) -> EngineProcess:
+        if self.pid_dir is not None:
+            # A server killed with its replica left its engine core and workers, which
+            # hold the memory (a GPU's too) this server needs: stop them first.
+            stop_leaderless_engines(self.pid_dir)
         if self.log_path is None:
             fd, name = tempfile.mkstemp(prefix=f"vllm-{self.served_name}-", suffix=".log")
             os.close(fd)

@@ -6,6 +6,9 @@
                                          written by EngineProcess the moment it spawns
     kill_recorded_engines(pid_dir)       stop every recorded group still there; remove
                                          the records
+    stop_leaderless_engines(pid_dir)     the same for the groups whose server is gone,
+                                         while the fleet runs (a replica on the node
+                                         calls it when it starts and at each health check)
 
 Why records: a replica stopped while its vLLM server is still starting has registered
 the server nowhere (it registers once healthy), and its actor may be killed before it
@@ -15,6 +18,12 @@ after `rayfleet down` during the demo model's start). They stay in the server's
 process group, so stopping the recorded group stops them too. A record's start time
 guards against a pid reused since: a group whose leader is gone is stopped only while
 a vLLM process started after the record is still in it.
+
+The same leftovers come while a fleet runs: a replica actor killed (or its node's Ray
+worker lost) takes its server with it (the server dies with its parent, engine.py), but
+not the server's engine core and workers, which hold the model's memory, and on a GPU
+the memory the replacement's server needs to start. So every replica stops the groups of
+its node whose server is gone, before it starts its own server and at each health check.
 """
 
 from __future__ import annotations
@@ -88,17 +97,57 @@ def kill_recorded_engines(pid_dir: Path, grace_s: float = 5.0) -> list[int]:
     """Stop the process group of every server recorded in ``pid_dir`` and still there;
     remove the records. Returns the groups signalled."""
     stopped = []
-    for record in sorted(pid_dir.glob("*.pid")) if pid_dir.is_dir() else []:
-        try:
-            pid_text, created_text = record.read_text().split()
-            pgid, created = int(pid_text), float(created_text)
-        except (OSError, ValueError):
-            pgid = 0
-        if pgid and _still_ours(pgid, created):
-            kill_process_group(pgid, grace_s=grace_s)
-            stopped.append(pgid)
+    for record in _records(pid_dir):
+        read = _read(record)
+        if read is not None and _still_ours(*read):
+            kill_process_group(read[0], grace_s=grace_s)
+            stopped.append(read[0])
         record.unlink(missing_ok=True)
     return stopped
+
+
+def stop_leaderless_engines(pid_dir: Path, grace_s: float = 5.0) -> list[int]:
+    """Stop the process group of every server recorded in ``pid_dir`` whose server (the
+    group's leader) has exited but whose engine core or workers still run; remove the
+    records of servers gone. A running server's record stays. Returns the groups
+    signalled."""
+
+    stopped = []
+    for record in _records(pid_dir):
+        read = _read(record)
+        if read is None or _server_runs(*read):
+            continue  # being written, or its replica looks after it
+        if _still_ours(*read):
+            kill_process_group(read[0], grace_s=grace_s)
+            stopped.append(read[0])
+        record.unlink(missing_ok=True)
+    return stopped
+
+
+def _records(pid_dir: Path) -> list[Path]:
+    return sorted(pid_dir.glob("*.pid")) if pid_dir.is_dir() else []
+
+
+def _read(record: Path) -> tuple[int, float] | None:
+    """A record's (server pid, its start time); None when unreadable."""
+    try:
+        pid_text, created_text = record.read_text().split()
+        return int(pid_text), float(created_text)
+    except (OSError, ValueError):
+        return None
+
+
+def _server_runs(pid: int, created: float) -> bool:
+    """Whether the server recorded as ``pid`` started at ``created`` still runs."""
+    import psutil
+
+    try:
+        server = psutil.Process(pid)
+        return (
+            server.status() != psutil.STATUS_ZOMBIE and abs(server.create_time() - created) < 0.05
+        )
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _still_ours(pgid: int, created: float) -> bool:

@@ -47,6 +47,7 @@ from rayfleet.control.apply import SCALING_FIELDS
 from rayfleet.control.drain import drain
 from rayfleet.control.engine import PID_DIR, EngineProcess
 from rayfleet.control.placement import replica_demand
+from rayfleet.control.process_groups import stop_leaderless_engines
 from rayfleet.control.ranks import SpanningRanks, engine_env, log_name
 
 log = logging.getLogger("rayfleet.replica")
@@ -171,6 +172,10 @@ class VLLMReplica:
             raise RuntimeError(f"vLLM server of {self.replica_id}: {problem}")
         if not _call(self.registry.heartbeat, self.replica_id):
             _call(self.registry.register, self.entry)
+        if self.engine.pid_dir is not None:  # leftovers of a replica killed on this node
+            stopped = stop_leaderless_engines(self.engine.pid_dir)
+            if stopped:
+                log.warning("stopped the engines of servers gone on this node: %s", stopped)
 
     def _engine_problem(self) -> str | None:
         """Why the replica cannot serve (its server or one of its ranks), or None."""

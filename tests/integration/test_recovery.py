@@ -1,7 +1,8 @@
 """Unplanned losses under load: a replica's vLLM server killed, then a replica actor
 killed. Requests not yet answered are retried on the other replica (no non-streamed
 request fails), a stream already started on the lost replica ends with an error at
-most, and capacity comes back by itself."""
+most, capacity comes back by itself, and nothing of the lost server is left running (a
+replica actor killed takes its server with it, not the server's engine core and worker)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ import pytest
 
 from tests.integration.fleet import RunningFleet, model_entry, wait_until
 from tests.integration.load import StreamLoad
+from tests.integration.processes import describe, running
 
 pytestmark = pytest.mark.integration
 
 RECOVERY_TIMEOUT_S = 600
+LEFTOVER_TIMEOUT_S = 60  # a replica's health check stops them, every few seconds
 NUM_STREAMS = 4
 
 
@@ -51,5 +54,19 @@ def test_a_lost_replica_costs_no_unanswered_request(fleet, what):
         done = load.completed
         wait_until(lambda: load.completed >= done + 4, 120)  # served again after recovery
     assert load.plain_failures == [], load.plain_failures
+    left = wait_until(lambda: not group(victim), LEFTOVER_TIMEOUT_S)
+    assert left, f"the lost server's group still runs: {describe(group(victim))}"
     # Only streams in flight on the lost replica may end early.
     assert len(load.stream_failures) + load.unfinished <= NUM_STREAMS
+
+
+def group(pgid: int) -> list[psutil.Process]:
+    """The running processes of process group ``pgid``."""
+    members = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and running(proc):
+                members.append(proc)
+        except (OSError, psutil.Error):
+            continue
+    return members

@@ -17,6 +17,7 @@ from rayfleet.control.process_groups import (
     kill_process_group,
     kill_recorded_engines,
     record_engine,
+    stop_leaderless_engines,
 )
 from tests.integration.fleet import wait_until
 
@@ -67,6 +68,28 @@ def test_a_recorded_server_group_is_stopped_with_its_engine_core(tmp_path, serve
             if proc is not None and running(proc):
                 proc.kill()
         server.wait(timeout=10)
+
+
+def test_while_the_fleet_runs_only_the_groups_whose_server_is_gone_are_stopped(tmp_path):
+    """A replica killed takes its server with it, not the engine core: that one is
+    stopped; a server that runs keeps its group and its record."""
+    gone, orphan = start_server("exit")
+    alive, its_core = start_server("wait")
+    try:
+        record_engine(tmp_path, gone.pid)
+        record_engine(tmp_path, alive.pid)
+        gone.wait(timeout=30)  # the engine core is an orphan now
+        assert running(orphan) and running(its_core)
+        assert stop_leaderless_engines(tmp_path, grace_s=5) == [gone.pid]
+        assert wait_until(lambda: not running(orphan), 10)
+        assert running(its_core) and alive.poll() is None
+        assert [p.name for p in tmp_path.iterdir()] == [f"{alive.pid}.pid"]
+        assert stop_leaderless_engines(tmp_path) == []  # nothing more to stop
+    finally:
+        for proc in (orphan, its_core, psutil.Process(alive.pid)):
+            if running(proc):
+                proc.kill()
+        alive.wait(timeout=10)
 
 
 def test_a_record_whose_pid_now_belongs_to_another_program_stops_nothing(tmp_path):
