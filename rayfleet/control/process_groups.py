@@ -111,7 +111,6 @@ def stop_leaderless_engines(pid_dir: Path, grace_s: float = 5.0) -> list[int]:
     group's leader) has exited but whose engine core or workers still run; remove the
     records of servers gone. A running server's record stays. Returns the groups
     signalled."""
-
     stopped = []
     for record in _records(pid_dir):
         read = _read(record)
