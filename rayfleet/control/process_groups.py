@@ -17,7 +17,7 @@ the engine core and its worker running, re-parented to init (seen: 2.5 GB reside
 after `rayfleet down` during the demo model's start). They stay in the server's
 process group, so stopping the recorded group stops them too. A record's start time
 guards against a pid reused since: a group whose leader is gone is stopped only while
-a vLLM process started after the record is still in it.
+a process started after the record is still in it.
 
 The same leftovers come while a fleet runs: a replica actor killed (or its node's Ray
 worker lost) takes its server with it (the server dies with its parent, engine.py), but
@@ -151,8 +151,14 @@ def _server_runs(pid: int, created: float) -> bool:
 
 def _still_ours(pgid: int, created: float) -> bool:
     """Whether group ``pgid`` is still the recorded server's: its leader, started at
-    ``created``, runs; or the leader is gone and a vLLM process of its group is left (a
-    pid reused since belongs to another program, whose group is not ours to stop)."""
+    ``created``, is there (running or a zombie); or the leader is gone and a process of
+    the group started since ``created`` is left. A group's id is its leader's pid and a
+    process joins a group by being spawned into it (or by setpgid, which nothing here
+    does), so with the leader gone its members are what the server spawned (engine
+    core, workers, vLLM's resource tracker);
+    a pid reused since leads a group of its own and fails the first test. Members are
+    not told by their names: vLLM retitles its processes (VLLM::EngineCore) only where
+    setproctitle works, and a fresh install's engine core was seen left as "python"."""
     import psutil
 
     try:
@@ -161,14 +167,6 @@ def _still_ours(pgid: int, created: float) -> bool:
         pass
     for proc in _group_members(pgid):
         with contextlib.suppress(psutil.Error):
-            if proc.create_time() >= created and _is_engine(proc):
+            if proc.create_time() >= created and proc.status() != psutil.STATUS_ZOMBIE:
                 return True
     return False
-
-
-def _is_engine(proc: psutil.Process) -> bool:
-    """A vLLM process: a server, a headless rank, or what they spawn (VLLM::...)."""
-    from rayfleet.control.engine import HEADLESS_MODULE, SERVER_MODULE
-
-    argv = " ".join(proc.cmdline())
-    return proc.name().startswith("VLLM") or SERVER_MODULE in argv or HEADLESS_MODULE in argv

@@ -33,9 +33,13 @@ if sys.argv[2] == "wait":
 """
 
 
-def start_server(then: str) -> tuple[subprocess.Popen[str], psutil.Process]:
+def start_server(
+    then: str, core_argv: str = SERVER_MODULE
+) -> tuple[subprocess.Popen[str], psutil.Process]:
+    """The stand-in server and its engine core (``core_argv``: a word in its command line;
+    vLLM titles its processes VLLM::... only where setproctitle works)."""
     server = subprocess.Popen(
-        [sys.executable, "-c", SERVER, SERVER_MODULE, then],
+        [sys.executable, "-c", SERVER, core_argv, then],
         stdout=subprocess.PIPE,
         text=True,
         process_group=0,
@@ -73,7 +77,7 @@ def test_a_recorded_server_group_is_stopped_with_its_engine_core(tmp_path, serve
 def test_while_the_fleet_runs_only_the_groups_whose_server_is_gone_are_stopped(tmp_path):
     """A replica killed takes its server with it, not the engine core: that one is
     stopped; a server that runs keeps its group and its record."""
-    gone, orphan = start_server("exit")
+    gone, orphan = start_server("exit", core_argv="untitled")  # named like nothing of vLLM's
     alive, its_core = start_server("wait")
     try:
         record_engine(tmp_path, gone.pid)
