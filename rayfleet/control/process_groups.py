@@ -152,13 +152,14 @@ def _server_runs(pid: int, created: float) -> bool:
 def _still_ours(pgid: int, created: float) -> bool:
     """Whether group ``pgid`` is still the recorded server's: its leader, started at
     ``created``, is there (running or a zombie); or the leader is gone and a process of
-    the group started since ``created`` is left. A group's id is its leader's pid and a
-    process joins a group by being spawned into it (or by setpgid, which nothing here
-    does), so with the leader gone its members are what the server spawned (engine
-    core, workers, vLLM's resource tracker);
-    a pid reused since leads a group of its own and fails the first test. Members are
-    not told by their names: vLLM retitles its processes (VLLM::EngineCore) only where
-    setproctitle works, and a fresh install's engine core was seen left as "python"."""
+    the group started since ``created`` is left.
+
+    A group's id is its leader's pid, and a process joins a group by being spawned into
+    it (or by setpgid, which nothing here does): with the leader gone, the members are
+    what the server spawned (engine core, workers, vLLM's resource tracker), and a pid
+    reused since leads a group of its own and fails the first test. Members are not told
+    by their names: vLLM titles its processes (VLLM::EngineCore) only where setproctitle
+    works, and a fresh install's engine core was seen left as "python"."""
     import psutil
 
     try:
