@@ -18,6 +18,7 @@ from rayfleet.gateway.prefix_routing import PrefixRouting
 from rayfleet.gateway.routing import TimedPolicy
 from rayfleet.gateway.server import start_gateway
 from rayfleet.sim import EngineSpec, SimFleet
+from tests.unit.hostile import until
 
 
 def test_usage_is_read_from_the_end_of_a_body_or_a_stream():
@@ -134,10 +135,3 @@ def test_a_replica_restarted_under_the_same_pid_is_forgotten_by_its_start_time()
     with SimFleet(spec, num_replicas=1) as fleet:
         held, after = asyncio.run(main(fleet.urls))
     assert held["r0"] > 0 and after.get("r0", 0) == 0
-
-
-async def until(predicate, timeout_s: float = 10.0) -> None:
-    """Wait until ``predicate()`` holds; fail after ``timeout_s``."""
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.01)
