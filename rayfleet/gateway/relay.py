@@ -58,11 +58,12 @@ class RelayConnection(asyncio.Protocol):
         self.idle_since = 0.0
         self.pauses = 0  # times reading was paused for a slow client, over its lifetime
         self._on_finish = on_finish
+        self._loop = asyncio.get_running_loop()  # each call of it costs a getpid() here
         self._parser = httptools.HttpResponseParser(self)
         self._reset()
 
     def _reset(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         self.status = 0
         self.content_type = "application/json"
         self.charset: str | None = None
@@ -155,7 +156,7 @@ class RelayConnection(asyncio.Protocol):
         self._reset()
         if self.transport is None:
             raise UpstreamConnectError("connection closed while idle")
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         if total_s is not None:
             left = max(0.0, total_s - (time.monotonic() - started))
             self._timers.append(loop.call_later(left, self._time_out))
@@ -176,11 +177,14 @@ class RelayConnection(asyncio.Protocol):
             if outcome is Outcome.DONE:
                 body = b"".join(self._pieces)
                 response.content_length = len(body)
+                _head_with_body(response)
                 await response.prepare(request)
                 await response.write(body)
             return outcome
         if request.version >= HttpVersion11:
             response.enable_chunked_encoding()  # the relay frames the chunks itself
+        if self._pieces:  # the first token is here: no need to send the head before it
+            _head_with_body(response)
         await response.prepare(request)
         return await self.stream_to(response, request)
 
@@ -191,7 +195,7 @@ class RelayConnection(asyncio.Protocol):
         enabled (``enable_chunked_encoding``, before ``prepare``), and written as they are
         otherwise (for an HTTP/1.0 client, whose response ends when the connection closes)."""
         if not self._pieces and not self._done.done():
-            self._first = asyncio.get_running_loop().create_future()
+            self._first = self._loop.create_future()
             either: set[asyncio.Future[Any]] = {self._first, self._done}
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if self._pieces:
@@ -263,7 +267,7 @@ class RelayConnection(asyncio.Protocol):
             self._time_out()
             return
         wait = idle_s - quiet if not self.paused else idle_s
-        self._timers.append(asyncio.get_running_loop().call_later(wait, self._watch_idle, idle_s))
+        self._timers.append(self._loop.call_later(wait, self._watch_idle, idle_s))
 
     def _time_out(self) -> None:
         if not self._done.done():
@@ -278,7 +282,7 @@ class RelayConnection(asyncio.Protocol):
         self.paused = True
         self.pauses += 1
         self.transport.pause_reading()
-        loop = asyncio.get_running_loop()
+        loop = self._loop
 
         def check() -> None:
             if self._done.done() or self.transport is None:
@@ -322,6 +326,12 @@ def _chunk_writer(client: asyncio.Transport) -> Callable[[bytes], None]:
         raw(b"%x\r\n%b\r\n" % (len(piece), piece))
 
     return write
+
+
+def _head_with_body(response: web.StreamResponse) -> None:
+    """Let ``response``'s head wait for its first body bytes and go out in one write with
+    them (aiohttp's ``Response`` does this; a ``StreamResponse`` sends its head at once)."""
+    response._send_headers_immediately = False
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:
