@@ -6,7 +6,8 @@
                                       a response-prepare hook
     each request:  request id         the client's ``x-request-id`` when it is 1-128
                                       printable ASCII characters without spaces, else a
-                                      new one (uuid4 hex); on every answer's headers,
+                                      new one (32 hex digits: the process's random
+                                      64 bits, then a count); on every answer's headers,
                                       errors and streams included, and sent to the replica
                    note_admission     (dispatch.py) the model and route rule it went to
                    note_answer        (attempt.py) time to first byte, and the usage of a
@@ -35,12 +36,13 @@ the gateway; with no handler at INFO (a bare ``Gateway``) a request pays a level
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
+import os
 import re
 import sys
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -64,6 +66,25 @@ _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class _RequestIds:
+    """Ids unique across processes and restarts without a system call each (uuid4 reads
+    the kernel's random source every time): 64 random bits a process, then a count."""
+
+    def __init__(self) -> None:
+        self.renew()
+        os.register_at_fork(after_in_child=self.renew)  # a forked worker gets its own
+
+    def renew(self) -> None:
+        self.prefix = os.urandom(8).hex()
+        self.count = itertools.count()
+
+    def next(self) -> str:
+        return f"{self.prefix}{next(self.count):016x}"
+
+
+_ids = _RequestIds()
 
 
 @dataclass
@@ -96,7 +117,7 @@ def request_id(request: web.Request) -> str:
     if record is not None:
         return record.request_id
     given = request.headers.get(REQUEST_ID_HEADER, "")
-    return given if _CLIENT_ID.fullmatch(given) else uuid.uuid4().hex
+    return given if _CLIENT_ID.fullmatch(given) else _ids.next()
 
 
 def note_admission(request: web.Request, admission: Admission) -> None:
