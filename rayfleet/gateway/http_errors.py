@@ -78,6 +78,8 @@ def json_http_errors(max_body_bytes: int) -> Middleware:
 
 async def read_body(request: web.Request, timeout_s: float) -> bytes:
     """The whole body, or a 408 that closes the connection when it takes over ``timeout_s``."""
+    if request.content.is_eof():  # all of it came with the head: nothing to wait for
+        return await request.read()
     try:
         async with asyncio.timeout(timeout_s):
             return await request.read()
