@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -177,6 +178,10 @@ class Gateway:
             self._poller = asyncio.create_task(self._poll_forever())
         if self.replica_gauges is not None:
             self._replica_reader = asyncio.create_task(self.replica_gauges.run())
+        # What the process holds once started (modules, config, Ray's client in the fleet
+        # process) lives as long as it does: out of the collector's way, so that its
+        # full collections scan only what requests leave behind.
+        gc.freeze()
 
     async def _stop(self, _app: web.Application) -> None:
         for task in (self._poller, self._replica_reader):
