@@ -1,0 +1,129 @@
+"""The gateway of this tree against another checkout's, in alternating rounds, as ratios.
+
+    git worktree add /tmp/before <commit>     # or any copy of another version's rayfleet/
+    python benchmarks/gateway_versions.py --against /tmp/before --rounds 4 \\
+        --sim-processes 6 --client-processes 8 --in-flight 64 --duration-s 6   # 16 cores
+
+A change to the data path is judged by the gateway's CPU per request and its throughput
+at saturation; one core's speed drifts from minute to minute on a shared machine, so the
+two versions run by turns (the order reversed every other round) against the same
+simulated replicas (64, zero cost, over ``--sim-processes`` processes) and client. Each
+round starts a fresh one-process gateway of each version, pinned to core 0, with
+``PYTHONPATH`` putting that version's ``rayfleet`` first (the other's directory holds a
+``rayfleet/`` package; the simulator and the client are this tree's), warms it, and drives
+it with a closed loop of ``--in-flight`` streamed completions of 16 tokens. Printed per
+version: req/s and CPU per request each round, and the median of this tree's per-round
+ratios to the other's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gateway_capacity import MODEL, add_fleet_arguments, pinned_fleet, run, summary
+from sim_gateway import GatewayProcess
+
+from rayfleet.bench.client import Target
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def importing_from(root: Path) -> Iterator[None]:
+    """Processes started inside import ``rayfleet`` from ``root`` first."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), before]))
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
+
+
+def one_round(urls: list[str], root: Path, cpu: int | None, args: argparse.Namespace) -> dict:
+    with importing_from(root), GatewayProcess(urls, MODEL, "least_load", cpu=cpu) as gateway:
+        target = Target(gateway.url, "/v1/completions", MODEL)
+        run(target, 200, 1, args.client_processes, args.seed)  # connections made, code warm
+        before = gateway.cpu_s()
+        output = run(
+            target, args.max_rps, args.duration_s, args.client_processes, 0, args.in_flight
+        )
+        used_s = gateway.cpu_s() - before
+    return {
+        **summary(output),
+        "gateway_cpu_us_per_request": 1e6 * used_s / max(len(output.results), 1),
+        "gateway_cores_busy": used_s / output.duration_s,
+    }
+
+
+def measure(args: argparse.Namespace) -> list[dict]:
+    versions = {"this tree": ROOT, "against": args.against.resolve()}
+    names = list(versions)
+    rows: list[dict] = []
+    with pinned_fleet(args.replicas, args.sim_processes, 1) as (urls, gateway_cpus):
+        cpu = gateway_cpus[0] if gateway_cpus else None
+        for round_no in range(args.rounds):
+            for name in names if round_no % 2 == 0 else names[::-1]:
+                row = {"round": round_no, "version": name, "root": str(versions[name])}
+                row.update(one_round(urls, versions[name], cpu, args))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    by = {(row["version"], row["round"]): row for row in rows}
+    rounds = sorted({row["round"] for row in rows})
+    print(f"\n{'version':>10s} {'req/s per round':>36s} {'CPU/req per round':>28s}")
+    for name in ("this tree", "against"):
+        mine = [by[name, r] for r in rounds if (name, r) in by]
+        rps = ", ".join(f"{row['achieved_rps']:,.0f}" for row in mine)
+        cpu = ", ".join(f"{row['gateway_cpu_us_per_request']:.0f}" for row in mine)
+        print(f"{name:>10s} {rps:>36s} {cpu:>28s}")
+    pairs = [(by["this tree", r], by["against", r]) for r in rounds if ("against", r) in by]
+    if pairs:
+        rps = statistics.median(a["achieved_rps"] / b["achieved_rps"] for a, b in pairs)
+        cpu = statistics.median(
+            a["gateway_cpu_us_per_request"] / b["gateway_cpu_us_per_request"] for a, b in pairs
+        )
+        print(f"this tree / against, median of rounds: req/s {rps:.2f}x, CPU/req {cpu:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--against", type=Path, required=True, help="a directory holding the other rayfleet/"
+    )
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--duration-s", type=float, default=6.0)
+    parser.add_argument("--in-flight", type=int, default=64)
+    parser.add_argument(
+        "--max-rps",
+        type=float,
+        default=8000.0,
+        help="sizes the closed loop's request count: this x duration",
+    )
+    add_fleet_arguments(parser)
+    parser.add_argument("--out", type=Path, default=Path("results/gateway_versions.json"))
+    args = parser.parse_args()
+    if not (args.against / "rayfleet" / "__init__.py").exists():
+        parser.error(f"--against: {args.against} holds no rayfleet/ package")
+    rows = measure(args)
+    print_table(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
