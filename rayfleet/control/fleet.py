@@ -48,6 +48,7 @@ from rayfleet.control.deploy import (
     set_replicas,
 )
 from rayfleet.control.engine import PID_DIR
+from rayfleet.control.node_sweep import sweep_other_nodes
 from rayfleet.control.process_groups import kill_process_group, kill_recorded_engines
 from rayfleet.control.scaling import Clock, FleetScaler
 from rayfleet.control.scheduling import refuse_unplaceable, stalled_placement
@@ -335,6 +336,11 @@ class FleetProcess:
 
             if ray.is_initialized():
                 serve.shutdown()  # type: ignore[no-untyped-call]
+        with contextlib.suppress(Exception):
+            if ray.is_initialized():  # what replicas left on other nodes (node_sweep.py)
+                for node, groups in sweep_other_nodes(self.log_dir / PID_DIR).items():
+                    if groups:
+                        self.say(f"stopped {len(groups)} engine group(s) left on node {node}")
         with contextlib.suppress(Exception):
             ray.shutdown()
         for pid in sorted(self.engine_pids):
