@@ -224,6 +224,11 @@ def print_table(rows: list[dict]) -> None:
     print(f"saturation (achieved < 95% of offered): {where}; cores here: {os.cpu_count()}")
 
 
+def write_rows(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rows, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -260,8 +265,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = measure(args)
     print_table(rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=1))
+    write_rows(args.out, rows)
 
 
 if __name__ == "__main__":

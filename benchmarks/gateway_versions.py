@@ -29,7 +29,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gateway_capacity import MODEL, add_fleet_arguments, pinned_fleet, run, summary
+from gateway_capacity import (
+    MODEL,
+    add_fleet_arguments,
+    pinned_fleet,
+    run,
+    summary,
+    write_rows,
+)
 from sim_gateway import GatewayProcess
 
 from rayfleet.bench.client import Target
@@ -121,8 +128,7 @@ def main() -> None:
         parser.error(f"--against: {args.against} holds no rayfleet/ package")
     rows = measure(args)
     print_table(rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=1))
+    write_rows(args.out, rows)
 
 
 if __name__ == "__main__":
