@@ -259,6 +259,13 @@ class GatewayConfig(StrictModel):
     connect_timeout_s: float = Field(
         default=5.0, gt=0, description="Longest the gateway waits to connect to a replica."
     )
+    max_in_flight: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests one gateway process holds at once; over it, a 503 with "
+        "Retry-After: 1. Unset: what the process's open-file limit allows (two sockets a "
+        "request). Set it near the process's ceiling to hold throughput there under overload.",
+    )
     timezone: str = Field(default="UTC", description="IANA time zone of time_of_day rules.")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Caps for every model.")
     model_limits: dict[str, LimitsConfig] = Field(

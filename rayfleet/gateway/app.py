@@ -5,6 +5,8 @@ the data path; dispatch.py takes an admitted request the rest of the way::
 
     client --POST /v1/chat/completions--> Gateway._proxy
         auth                            API key from 'Authorization: Bearer' (401)
+        InFlightLimit.enter             the process's requests in flight (503 + Retry-After;
+                                        overload.py)
         read body once -> parse_request (model, stream, field types; 400 on bad input)
         Policies.admit                  model or route known (404), key may use it (403),
                                         caps: body bytes (413), max_tokens (400 or clamp),
@@ -50,6 +52,7 @@ from rayfleet.gateway.http_errors import (
 )
 from rayfleet.gateway.metrics import GatewayMetrics
 from rayfleet.gateway.openapi import OPENAPI_PATH, openapi_document
+from rayfleet.gateway.overload import in_flight_limit
 from rayfleet.gateway.policies import Policies
 from rayfleet.gateway.replica_gauges import PERIOD_S, ReplicaGauges
 from rayfleet.gateway.replicas import Entry, ReplicaSet
@@ -139,6 +142,7 @@ class Gateway:
         self.max_body_bytes = self.policies.default_limits.max_body_bytes or (
             _DEFAULT_MAX_BODY_BYTES
         )
+        self.in_flight = in_flight_limit(self.policies.max_in_flight)
         self._poller: asyncio.Task[None] | None = None
         self._replica_reader: asyncio.Task[None] | None = None
 
@@ -208,6 +212,8 @@ class Gateway:
         self.dispatcher.replica_policies = replica_policies
         self.dispatcher.attempts.replica_policies = replica_policies
         self.policies = self.dispatcher.policies = policies
+        limit = in_flight_limit(policies.max_in_flight)
+        self.in_flight.limit, self.in_flight.configured = limit.limit, limit.configured
         self.dispatcher.hold_s = dict(hold_s)
         self.replica_set.set_models(models)
 
@@ -341,16 +347,25 @@ class Gateway:
             key = policies.authenticate(request.headers)
             if key is not None:
                 key.quota.refuse_early(time.monotonic())
-            self._check_declared_size(request)
-            raw = await read_body(request, self.body_timeout_s)
-            parsed = parse_request(path, raw)
-            admission = policies.admit(path, parsed, len(raw), request.headers, self._usable, key)
+            self.in_flight.enter()  # 503 + Retry-After over the process's limit
         except RequestError as exc:
             return self.dispatcher.refuse(exc, "")
         try:
-            return await self.dispatcher.dispatch(request, path, raw, admission, started)
+            try:
+                self._check_declared_size(request)
+                raw = await read_body(request, self.body_timeout_s)
+                parsed = parse_request(path, raw)
+                admission = policies.admit(
+                    path, parsed, len(raw), request.headers, self._usable, key
+                )
+            except RequestError as exc:
+                return self.dispatcher.refuse(exc, "")
+            try:
+                return await self.dispatcher.dispatch(request, path, raw, admission, started)
+            finally:
+                admission.release()
         finally:
-            admission.release()
+            self.in_flight.leave()
 
     def _check_declared_size(self, request: web.Request) -> None:
         cap = self.max_body_bytes

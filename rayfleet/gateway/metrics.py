@@ -44,7 +44,7 @@ class GatewayMetrics:
             "Failed requests by model and reason (bad_request, unknown_model, no_replica, "
             "upstream_connect, upstream_status, stream_broken, client_disconnect, timeout, "
             "unauthorized, forbidden_model, rate_limited_*, limit_*, body_too_large, "
-            "context_length, no_route_target).",
+            "context_length, no_route_target, gateway_overloaded).",
             ["model", "reason"],
             registry=self.registry,
         )

@@ -148,6 +148,7 @@ class Policies:
     counter: TokenCounter = field(default_factory=lambda: TokenCounter({}))
     max_consecutive_failures: int = 1
     cooldown_s: float = 5.0
+    max_in_flight: int | None = None  # per gateway process; None: what open files allow
     routing: dict[str, RoutingConfig] = field(default_factory=dict)  # least_load if absent
     # A model's vLLM --api-key (its engine args), sent to its replicas in place of the
     # client's Authorization, which is never forwarded.
@@ -201,6 +202,7 @@ class Policies:
             counter=TokenCounter({m.name: m.source for m in fleet.models}),
             max_consecutive_failures=gw.replica_protection.max_consecutive_failures,
             cooldown_s=gw.replica_protection.cooldown_s,
+            max_in_flight=gw.max_in_flight,
             routing={m.name: m.routing for m in fleet.models},
             replica_keys={
                 m.name: str(m.engine_args["api_key"])
