@@ -87,10 +87,12 @@ def run(
 
 def summary(output: RunOutput) -> dict[str, float]:
     ok = [r for r in output.results if r.ok]
+    refused = sum(r.status == 503 for r in output.results)  # over gateway.max_in_flight
     ttft_ms = np.array([r.ttft_s for r in ok] or [np.nan]) * 1e3
     return {
         "achieved_rps": len(ok) / output.duration_s if output.duration_s else 0.0,
-        "num_failed": len(output.results) - len(ok),
+        "num_failed": len(output.results) - len(ok) - refused,
+        "num_refused": refused,
         "ttft_p50_ms": float(np.percentile(ttft_ms, 50)),
         "ttft_p99_ms": float(np.percentile(ttft_ms, 99)),
     }
@@ -127,42 +129,62 @@ def measure(args: argparse.Namespace) -> list[dict]:
     rows = []
     with (
         pinned_fleet(args.replicas, args.sim_processes, args.workers) as (urls, gateway_cpus),
-        GatewayProcess(
-            urls,
-            MODEL,
-            "least_load",
-            cpu=gateway_cpus[0] if gateway_cpus else None,
-            workers=args.workers,
-            worker_cpus=gateway_cpus,
-            pool=args.pool,
-        ) as gateway,
+        contextlib.ExitStack() as stack,
     ):
+        gateways = {
+            limit: stack.enter_context(
+                GatewayProcess(
+                    urls,
+                    MODEL,
+                    "least_load",
+                    cpu=gateway_cpus[0] if gateway_cpus else None,
+                    workers=args.workers,
+                    worker_cpus=gateway_cpus,
+                    pool=args.pool,
+                    max_in_flight=limit,
+                )
+            )
+            for limit in args.max_in_flight
+        }
         direct_target = Target(urls[0], "/v1/completions", MODEL)
-        gateway_target = Target(gateway.url, "/v1/completions", MODEL)
-        for target in (direct_target, gateway_target):  # connections made, code warm
-            run(target, 100, 2, args.client_processes, args.seed)
-        rows += [closed_loop(gateway, gateway_target, c, args) for c in args.concurrency]
-        for rate in args.rates:
+        for target in [
+            direct_target,
+            *(Target(g.url, "/v1/completions", MODEL) for g in gateways.values()),
+        ]:
+            run(target, 100, 2, args.client_processes, args.seed)  # connections made, code warm
+        first = gateways[args.max_in_flight[0]]
+        rows += [
+            closed_loop(first, Target(first.url, "/v1/completions", MODEL), c, args)
+            for c in args.concurrency
+        ]
+        for n, rate in enumerate(args.rates):
             share = rate / args.sim_processes
             direct = summary(
                 run(direct_target, share, args.duration_s, args.client_processes, args.seed)
             )
-            before = gateway.cpu_s()
-            output = run(gateway_target, rate, args.duration_s, args.client_processes, args.seed)
-            used_s = gateway.cpu_s() - before
-            through = summary(output)
-            row = {
-                "rate": rate,
-                "workers": args.workers,
-                "pool": args.pool or args.workers > 1,
-                "direct": direct,
-                "gateway": through,
-                "gateway_cpu_us_per_request": 1e6 * used_s / max(len(output.results), 1),
-                "gateway_cpu_share": used_s / output.duration_s,
-            }
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            limits = args.max_in_flight if n % 2 == 0 else args.max_in_flight[::-1]
+            for limit in limits:  # the limits by turns, the order reversed every other rate
+                row = open_loop(gateways[limit], rate, args) | {"direct": direct}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     return rows
+
+
+def open_loop(gateway: GatewayProcess, rate: float, args: argparse.Namespace) -> dict:
+    """Poisson arrivals at ``rate`` through ``gateway``: one row of the table."""
+    target = Target(gateway.url, "/v1/completions", MODEL)
+    before = gateway.cpu_s()
+    output = run(target, rate, args.duration_s, args.client_processes, args.seed)
+    used_s = gateway.cpu_s() - before
+    return {
+        "rate": rate,
+        "workers": args.workers,
+        "pool": args.pool or args.workers > 1,
+        "max_in_flight": gateway.max_in_flight,
+        "gateway": summary(output),
+        "gateway_cpu_us_per_request": 1e6 * used_s / max(len(output.results), 1),
+        "gateway_cpu_share": used_s / output.duration_s,
+    }
 
 
 def closed_loop(
@@ -206,22 +228,27 @@ def print_table(rows: list[dict]) -> None:
     if not rows:
         return
     print(
-        f"\n{'offered':>8s} {'achieved':>9s} {'TTFT p50':>9s} {'p99':>8s} {'sim p99':>8s} "
-        f"{'p99 extra':>9s} {'CPU/req':>9s} {'gw cores':>8s}"
+        f"\n{'offered':>8s} {'limit':>6s} {'achieved':>9s} {'refused':>8s} {'TTFT p50':>9s} "
+        f"{'p99':>8s} {'sim p99':>8s} {'p99 extra':>9s} {'CPU/req':>9s} {'gw cores':>8s}"
     )
-    saturation = None
+    saturation: dict[object, float] = {}  # per limit: the first rate under 95% achieved
     for row in rows:
         gw, direct = row["gateway"], row["direct"]
         extra = gw["ttft_p99_ms"] - direct["ttft_p99_ms"]
+        limit = row.get("max_in_flight") or "-"
         print(
-            f"{row['rate']:8.0f} {gw['achieved_rps']:9.0f} {gw['ttft_p50_ms']:8.2f}m "
+            f"{row['rate']:8.0f} {limit:>6} {gw['achieved_rps']:9.0f} "
+            f"{gw.get('num_refused', 0):8d} {gw['ttft_p50_ms']:8.2f}m "
             f"{gw['ttft_p99_ms']:7.2f}m {direct['ttft_p99_ms']:7.2f}m {extra:8.2f}m "
             f"{row['gateway_cpu_us_per_request']:7.0f}us {row['gateway_cpu_share']:7.0%}"
         )
-        if saturation is None and gw["achieved_rps"] < 0.95 * row["rate"]:
-            saturation = row["rate"]
-    where = f"{saturation:g} req/s" if saturation else "not reached at these rates"
-    print(f"saturation (achieved < 95% of offered): {where}; cores here: {os.cpu_count()}")
+        if limit not in saturation and gw["achieved_rps"] < 0.95 * row["rate"]:
+            saturation[limit] = row["rate"]
+    where = ", ".join(f"{v:g} req/s (limit {k})" for k, v in saturation.items())
+    print(
+        f"saturation (achieved < 95% of offered): {where or 'not reached at these rates'}; "
+        f"cores here: {os.cpu_count()}"
+    )
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:
@@ -260,6 +287,13 @@ def main() -> None:
         type=float,
         default=5000.0,
         help="a closed-loop round sends this many requests per --duration-s second",
+    )
+    parser.add_argument(
+        "--max-in-flight",
+        default=[None],
+        type=lambda text: [None if v == "none" else int(v) for v in text.split(",")],
+        help="gateway.max_in_flight of each gateway process (requests over it get a 503); "
+        "several ('none,512'): a gateway each, every rate run through each by turns",
     )
     parser.add_argument("--out", type=Path, default=Path("results/gateway_capacity.json"))
     args = parser.parse_args()

@@ -16,7 +16,8 @@ a name and options, ``prefix:load_factor=100,alpha=2`` (``routing_options``; the
 ``workers=N`` serves it through gateway.workers' N processes instead); it runs on
 uvloop, as ``rayfleet up`` serves it, pinned to ``cpu`` when given. With ``workers``
 above 1, or ``pool``, it runs gateway.workers' pool instead (the process is their
-control), each worker pinned to one of ``worker_cpus``.
+control), each worker pinned to one of ``worker_cpus``. ``max_in_flight`` sets each
+gateway process's gateway.max_in_flight.
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ class GatewayProcess:
         workers: int = 1,
         worker_cpus: list[int] | None = None,
         pool: bool = False,
+        max_in_flight: int | None = None,
     ):
         self.urls, self.model, self.policy, self.cpu = urls, model, policy, cpu
+        self.max_in_flight = max_in_flight  # gateway.max_in_flight (None: the default)
         self.workers, self.worker_cpus = workers, worker_cpus or []
         self.pool = pool or workers > 1  # gateway.workers' pool, even of one worker
         self.url = ""
@@ -59,6 +62,7 @@ class GatewayProcess:
         argv = [sys.executable, __file__, json.dumps(self.urls), self.model, self.policy]
         argv.append(str(self.cpu) if self.cpu is not None else "")
         argv += [str(self.workers), ",".join(map(str, self.worker_cpus)), str(int(self.pool))]
+        argv.append(str(self.max_in_flight or ""))
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, process_group=0)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -168,7 +172,13 @@ def _number_or_text(value: str) -> int | float | str | None:
 
 
 def _serve(
-    urls: list[str], model: str, policy: str, workers: int, cpus: list[int], pool: bool
+    urls: list[str],
+    model: str,
+    policy: str,
+    workers: int,
+    cpus: list[int],
+    pool: bool,
+    max_in_flight: int | None,
 ) -> None:
     import uvloop
 
@@ -188,6 +198,7 @@ def _serve(
     async def main() -> None:
         policies = Policies.plain([model])
         policies.routing = {model: RoutingConfig(**routing_options(policy))}
+        policies.max_in_flight = max_in_flight
         runner = await start_gateway(Gateway([model], source, policies=policies), "127.0.0.1", 0)
         print(runner.addresses[0][1], flush=True)
         stop = asyncio.Event()
@@ -201,11 +212,16 @@ def _serve(
     if not pool:
         uvloop.run(main())
     else:
-        uvloop.run(_serve_workers(entries, model, policy, workers, cpus))
+        uvloop.run(_serve_workers(entries, model, policy, workers, cpus, max_in_flight))
 
 
 async def _serve_workers(
-    entries: list[dict[str, Any]], model: str, policy: str, workers: int, cpus: list[int]
+    entries: list[dict[str, Any]],
+    model: str,
+    policy: str,
+    workers: int,
+    cpus: list[int],
+    max_in_flight: int | None,
 ) -> None:
     """The same replicas behind gateway.workers' processes (rayfleet/gateway/workers.py),
     as ``rayfleet up`` runs them, each worker pinned to a core of ``cpus`` in turn."""
@@ -219,7 +235,7 @@ async def _serve_workers(
     port = held.getsockname()[1]
     config = FleetConfig.model_validate(
         {
-            "gateway": {"port": port, "workers": workers},
+            "gateway": {"port": port, "workers": workers, "max_in_flight": max_in_flight},
             "models": [
                 {
                     "name": model,
@@ -257,8 +273,16 @@ async def _serve_workers(
 
 
 if __name__ == "__main__":
-    _urls, _model, _policy, _cpu, _workers, _worker_cpus, _pool = sys.argv[1:8]
+    _urls, _model, _policy, _cpu, _workers, _worker_cpus, _pool, _max = sys.argv[1:9]
     if _cpu:
         os.sched_setaffinity(0, {int(_cpu)})
     _cpus = [int(c) for c in _worker_cpus.split(",") if c]
-    _serve(json.loads(_urls), _model, _policy, int(_workers), _cpus, _pool == "1")
+    _serve(
+        json.loads(_urls),
+        _model,
+        _policy,
+        int(_workers),
+        _cpus,
+        _pool == "1",
+        int(_max) if _max else None,
+    )
