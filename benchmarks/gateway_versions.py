@@ -11,9 +11,9 @@ simulated replicas (64, zero cost, over ``--sim-processes`` processes) and clien
 round starts a fresh one-process gateway of each version, pinned to core 0, with
 ``PYTHONPATH`` putting that version's ``rayfleet`` first (the other's directory holds a
 ``rayfleet/`` package; the simulator and the client are this tree's), warms it, and drives
-it with a closed loop of ``--in-flight`` streamed completions of 16 tokens. Printed per
-version: req/s and CPU per request each round, and the median of this tree's per-round
-ratios to the other's.
+it with a closed loop of ``--in-flight`` streamed completions of 16 tokens (or, with
+``--rate``, an open loop of Poisson arrivals). Printed per version: req/s, CPU per request
+and TTFT p99 each round, and the median of this tree's per-round ratios to the other's.
 """
 
 from __future__ import annotations
@@ -63,9 +63,12 @@ def one_round(urls: list[str], root: Path, cpu: int | None, args: argparse.Names
         target = Target(gateway.url, "/v1/completions", MODEL)
         run(target, 200, 1, args.client_processes, args.seed)  # connections made, code warm
         before = gateway.cpu_s()
-        output = run(
-            target, args.max_rps, args.duration_s, args.client_processes, 0, args.in_flight
-        )
+        if args.rate:  # open loop: Poisson arrivals, however many end up in flight
+            output = run(target, args.rate, args.duration_s, args.client_processes, 0)
+        else:
+            output = run(
+                target, args.max_rps, args.duration_s, args.client_processes, 0, args.in_flight
+            )
         used_s = gateway.cpu_s() - before
     return {
         **summary(output),
@@ -92,12 +95,16 @@ def measure(args: argparse.Namespace) -> list[dict]:
 def print_table(rows: list[dict]) -> None:
     by = {(row["version"], row["round"]): row for row in rows}
     rounds = sorted({row["round"] for row in rows})
-    print(f"\n{'version':>10s} {'req/s per round':>36s} {'CPU/req per round':>28s}")
+    print(
+        f"\n{'version':>10s} {'req/s per round':>36s} {'CPU/req per round':>28s} "
+        f"{'TTFT p99 ms per round':>30s}"
+    )
     for name in ("this tree", "against"):
         mine = [by[name, r] for r in rounds if (name, r) in by]
         rps = ", ".join(f"{row['achieved_rps']:,.0f}" for row in mine)
         cpu = ", ".join(f"{row['gateway_cpu_us_per_request']:.0f}" for row in mine)
-        print(f"{name:>10s} {rps:>36s} {cpu:>28s}")
+        p99 = ", ".join(f"{row['ttft_p99_ms']:,.1f}" for row in mine)
+        print(f"{name:>10s} {rps:>36s} {cpu:>28s} {p99:>30s}")
     pairs = [(by["this tree", r], by["against", r]) for r in rounds if ("against", r) in by]
     if pairs:
         rps = statistics.median(a["achieved_rps"] / b["achieved_rps"] for a, b in pairs)
@@ -115,6 +122,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--duration-s", type=float, default=6.0)
     parser.add_argument("--in-flight", type=int, default=64)
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="an open loop instead: Poisson arrivals at this many req/s (past saturation, "
+        "what a version does with the requests it cannot keep up with)",
+    )
     parser.add_argument(
         "--max-rps",
         type=float,

@@ -20,6 +20,12 @@ from aiohttp import web
 from rayfleet.gateway.app import Gateway
 from rayfleet.gateway.http_errors import GatewayRunner
 
+# Connections the kernel completes for us before we accept them; it caps this at
+# net.core.somaxconn (4,096 on current kernels). When a burst of new connections finds the
+# queue full, their SYNs are dropped and the clients wait 1, 3, 7 s to retry: the
+# multi-second TTFT p99 of an overloaded gateway (README, "Overload").
+BACKLOG = 65535
+
 
 def listen(host: str, port: int, *, reuse_port: bool = False, accept: bool = True) -> socket.socket:
     """The gateway's listening socket, bound now: a fleet binds it before Ray starts, whose
@@ -33,7 +39,7 @@ def listen(host: str, port: int, *, reuse_port: bool = False, accept: bool = Tru
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         if not reuse_port:
-            return socket.create_server((host, port), family=family, backlog=1024)
+            return socket.create_server((host, port), family=family, backlog=BACKLOG)
         if accept is False:
             # SO_REUSEPORT would let this bind join another process's listening group on
             # the port (another fleet's workers): first make sure nobody listens there.
@@ -44,7 +50,7 @@ def listen(host: str, port: int, *, reuse_port: bool = False, accept: bool = Tru
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((host, port))
             if accept:
-                sock.listen(1024)
+                sock.listen(BACKLOG)
         except OSError:
             sock.close()
             raise
@@ -77,7 +83,7 @@ async def start_gateway(
     await runner.setup()
     try:
         if tcp:
-            await web.SockSite(runner, sock or listen(host, port), backlog=1024).start()
+            await web.SockSite(runner, sock or listen(host, port), backlog=BACKLOG).start()
         if unix_path is not None:
             await web.UnixSite(runner, unix_path).start()
     except BaseException:
