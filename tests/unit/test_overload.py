@@ -174,3 +174,21 @@ def test_a_limit_below_one_is_refused_naming_the_field():
     models = [{"name": "m", "source": "/models/none"}]
     with pytest.raises(ConfigError, match=r"gateway.max_in_flight: Input should be greater"):
         parse_fleet({"gateway": {"max_in_flight": 0}, "models": models})
+
+
+def test_apply_changes_the_limit_of_a_running_gateway():
+    async def main() -> list[tuple[int, bool]]:
+        async with (
+            holding_replica() as (_, url),
+            gateway_over({"m#0": url}, limited(2)) as (gateway, _),
+        ):
+            seen = [(gateway.in_flight.limit, gateway.in_flight.configured)]
+            await gateway.reconfigure(["m"], limited(5), {})
+            seen.append((gateway.in_flight.limit, gateway.in_flight.configured))
+            await gateway.reconfigure(["m"], Policies.plain(["m"]), {})
+            seen.append((gateway.in_flight.limit, gateway.in_flight.configured))
+            return seen
+
+    seen = asyncio.run(main())
+    assert seen[:2] == [(2, True), (5, True)]
+    assert seen[2][0] > 5 and not seen[2][1]  # unset again: what the open files allow
