@@ -126,7 +126,7 @@ class Attempts:
     ) -> Attempt:
         """Send the request to ``target`` and relay the answer; ``Unanswered`` when it
         failed before the response's first byte."""
-        inflight = self.metrics.inflight.labels(target.model, target.label)
+        inflight = self.metrics.series(target.model, target.label).inflight
         if target.replica is not None:
             self.replica_set.begin(target.replica)
         inflight.inc()
@@ -210,7 +210,7 @@ class Attempts:
 
     def _observe_ttfb(self, journey: Journey, target: Target, exchange: Exchange) -> None:
         if exchange.first_byte_at:
-            self.metrics.ttfb.labels(target.model, target.label).observe(
+            self.metrics.series(target.model, target.label).ttfb.observe(
                 exchange.first_byte_at - journey.started
             )
 
@@ -223,8 +223,9 @@ class Attempts:
 
     def _counted(self, target: Target, exchange: Exchange, started: float) -> None:
         elapsed = time.perf_counter() - started
-        self.metrics.latency.labels(target.model, target.label).observe(elapsed)
-        self.metrics.requests.labels(target.model, target.label, str(exchange.status)).inc()
+        series = self.metrics.series(target.model, target.label)
+        series.latency.observe(elapsed)
+        series.answered(exchange.status)
 
     def _client_gone(self, model: str, response: web.StreamResponse) -> web.StreamResponse:
         """Count a client that went away; what is returned goes nowhere, and aiohttp ends

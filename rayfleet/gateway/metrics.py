@@ -1,12 +1,16 @@
 """Prometheus metrics of the gateway, in a registry of its own (no global state).
 
 Values read only when scraped (the prefix index's size) are set by the callables in
-``before_render``, so that the data path pays nothing for them.
+``before_render``, so that the data path pays nothing for them. ``series(model, replica)``
+hands the data path one replica's per-request children, looked up once: prometheus_client's
+``labels()`` checks and joins its arguments under a lock on every call, about 1.5 us, four
+times a request.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -165,8 +169,37 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.before_render: list[Callable[[], None]] = []
+        self._series: dict[tuple[str, str], Series] = {}
+
+    def series(self, model: str, replica: str) -> Series:
+        """The per-request children of ``(model, replica)``, made at its first request."""
+        found = self._series.get((model, replica))
+        if found is None:
+            found = self._series[model, replica] = Series(self, model, replica)
+        return found
 
     def render(self) -> bytes:
         for refresh in self.before_render:
             refresh()
         return generate_latest(self.registry)
+
+
+class Series:
+    """One (model, replica)'s children of the metrics every request touches."""
+
+    __slots__ = ("_by_status", "_labels", "_requests", "inflight", "latency", "ttfb")
+
+    def __init__(self, metrics: GatewayMetrics, model: str, replica: str):
+        self.inflight = metrics.inflight.labels(model, replica)
+        self.ttfb = metrics.ttfb.labels(model, replica)
+        self.latency = metrics.latency.labels(model, replica)
+        self._requests = metrics.requests
+        self._labels = (model, replica)
+        self._by_status: dict[int, Any] = {}
+
+    def answered(self, status: int) -> None:
+        """Count one request answered with ``status`` (rayfleet_requests_total)."""
+        child = self._by_status.get(status)
+        if child is None:
+            child = self._by_status[status] = self._requests.labels(*self._labels, str(status))
+        child.inc()
