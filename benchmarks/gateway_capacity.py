@@ -23,6 +23,10 @@ Printed per rate: achieved req/s, TTFT p50 and p99 direct and through the gatewa
 difference (the goal: under 5 ms at 5,000 req/s per gateway core), and the gateway's
 CPU per request (user + system from psutil, over the run). The saturation rate is the
 first at which the gateway achieves less than 95% of the offered rate.
+
+``--max-in-flight none,128`` starts one gateway per value of gateway.max_in_flight (none:
+the default) and sends each rate through each of them by turns, the order reversed every
+other rate; requests refused with its 503 are counted apart from failures.
 """
 
 from __future__ import annotations
