@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ from rayfleet.gateway.policies import Policies
 from rayfleet.gateway.server import start_gateway
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass
@@ -80,26 +81,29 @@ class Served:
         return f"http://{self.host}:{self.port}"
 
 
-async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+@contextlib.asynccontextmanager
+async def upstream_answering(answer: Handler, client_max_size: int = 1024**2) -> AsyncIterator[str]:
+    """A real aiohttp server on a port from the OS answering every route in ``ROUTES``
+    with ``answer``: its URL, the server stopped on exit."""
+    app = web.Application(client_max_size=client_max_size)
+    for route in ROUTES:
+        app.router.add_post(route, answer)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     host, port = runner.addresses[0][:2]
-    return runner, f"http://{host}:{port}"
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
 
 
 @contextlib.asynccontextmanager
 async def recording_upstream() -> AsyncIterator[tuple[Recorder, str]]:
     """A ``Recorder`` serving every route in ``ROUTES``: it and its URL."""
     recorder = Recorder()
-    app = web.Application(client_max_size=1024**3)
-    for route in ROUTES:
-        app.router.add_post(route, recorder.answer)
-    runner, url = await _serve(app)
-    try:
+    async with upstream_answering(recorder.answer, client_max_size=1024**3) as url:
         yield recorder, url
-    finally:
-        await runner.cleanup()
 
 
 @contextlib.asynccontextmanager

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -30,9 +30,8 @@ from rayfleet.control.engine import free_port
 from rayfleet.gateway.app import Gateway
 from rayfleet.gateway.policies import Policies
 from rayfleet.gateway.server import start_gateway
-from tests.unit.hostile import ROUTES, recording_upstream
+from tests.unit.hostile import recording_upstream, upstream_answering
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 COOLDOWN_S = 60.0  # longer than any test: a replica out of rotation stays out
 
 
@@ -55,17 +54,8 @@ class Scripted:
 @contextlib.asynccontextmanager
 async def scripted(how: str) -> AsyncIterator[tuple[Scripted, str]]:
     replica = Scripted(how)
-    app = web.Application()
-    for route in ROUTES:
-        app.router.add_post(route, replica.answer)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield replica, f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
+    async with upstream_answering(replica.answer) as url:
+        yield replica, url
 
 
 def policies(fallback: dict[str, Any] | None = None) -> Policies:

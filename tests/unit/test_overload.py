@@ -24,7 +24,7 @@ from rayfleet.config import parse_fleet
 from rayfleet.errors import ConfigError
 from rayfleet.gateway.overload import default_max_in_flight, in_flight_limit
 from rayfleet.gateway.policies import Policies
-from tests.unit.hostile import ROUTES
+from tests.unit.hostile import upstream_answering
 from tests.unit.test_hostile_faults import gateway_over
 
 
@@ -60,17 +60,8 @@ def completion() -> dict[str, Any]:
 @contextlib.asynccontextmanager
 async def holding_replica() -> AsyncIterator[tuple[Holding, str]]:
     replica = Holding()
-    app = web.Application()
-    for route in ROUTES:
-        app.router.add_post(route, replica.answer)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield replica, f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
+    async with upstream_answering(replica.answer) as url:
+        yield replica, url
 
 
 def limited(max_in_flight: int) -> Policies:
