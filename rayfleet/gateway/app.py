@@ -52,7 +52,7 @@ from rayfleet.gateway.http_errors import (
 )
 from rayfleet.gateway.metrics import GatewayMetrics
 from rayfleet.gateway.openapi import OPENAPI_PATH, openapi_document
-from rayfleet.gateway.overload import in_flight_limit
+from rayfleet.gateway.overload import InFlightLimit
 from rayfleet.gateway.policies import Policies
 from rayfleet.gateway.replica_gauges import PERIOD_S, ReplicaGauges
 from rayfleet.gateway.replicas import Entry, ReplicaSet
@@ -143,7 +143,7 @@ class Gateway:
         self.max_body_bytes = self.policies.default_limits.max_body_bytes or (
             _DEFAULT_MAX_BODY_BYTES
         )
-        self.in_flight = in_flight_limit(self.policies.max_in_flight)
+        self.in_flight = InFlightLimit(self.policies.max_in_flight)
         self._poller: asyncio.Task[None] | None = None
         self._replica_reader: asyncio.Task[None] | None = None
 
@@ -218,8 +218,7 @@ class Gateway:
         self.dispatcher.replica_policies = replica_policies
         self.dispatcher.attempts.replica_policies = replica_policies
         self.policies = self.dispatcher.policies = policies
-        limit = in_flight_limit(policies.max_in_flight)
-        self.in_flight.limit, self.in_flight.configured = limit.limit, limit.configured
+        self.in_flight.configure(policies.max_in_flight)
         self.dispatcher.hold_s = dict(hold_s)
         self.replica_set.set_models(models)
 

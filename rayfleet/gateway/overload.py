@@ -1,6 +1,6 @@
 """The gateway process's own limit on requests in flight, and the open files behind it.
 
-    limit = in_flight_limit(policies.max_in_flight)   # None: what the open files allow
+    limit = InFlightLimit(policies.max_in_flight)   # None: what the open files allow
     limit.enter()      # RequestError 503 + Retry-After when ``limit`` are in flight
     try: ... finally: limit.leave()
 
@@ -52,17 +52,26 @@ def default_max_in_flight(open_files: int) -> int:
 
 
 class InFlightLimit:
-    """Requests this process holds now, refused over ``limit``."""
+    """Requests this process holds now, refused over ``limit``: ``gateway.max_in_flight``
+    when set (``configured``), else what the open files allow. The soft open-file limit is
+    raised to the hard one once, at construction; ``configure`` (rayfleet apply) only
+    chooses between the two."""
 
-    def __init__(self, limit: int, *, configured: bool = False):
-        self.limit = limit
-        self.configured = configured  # set by gateway.max_in_flight, not derived
+    def __init__(self, configured: int | None = None):
+        self.default = default_max_in_flight(raise_open_file_limit())
         self.count = 0
+        self.configure(configured)
+
+    def configure(self, configured: int | None) -> None:
+        self.configured = configured
+        self.limit = configured if configured is not None else self.default
 
     def enter(self) -> None:
         """Count one more request in flight, or raise the 503 that refuses it."""
         if self.count >= self.limit:
-            source = "gateway.max_in_flight" if self.configured else "its open-file limit"
+            source = (
+                "gateway.max_in_flight" if self.configured is not None else "its open-file limit"
+            )
             raise RequestError(
                 503,
                 f"The gateway is at its limit of {self.limit} requests in flight "
@@ -75,11 +84,3 @@ class InFlightLimit:
 
     def leave(self) -> None:
         self.count -= 1
-
-
-def in_flight_limit(configured: int | None) -> InFlightLimit:
-    """The limit of ``gateway.max_in_flight``, or when unset the one the open files allow
-    (the soft limit raised to the hard one first)."""
-    if configured is not None:
-        return InFlightLimit(configured, configured=True)
-    return InFlightLimit(default_max_in_flight(raise_open_file_limit()))

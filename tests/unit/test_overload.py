@@ -22,7 +22,7 @@ from aiohttp import web
 
 from rayfleet.config import parse_fleet
 from rayfleet.errors import ConfigError
-from rayfleet.gateway.overload import default_max_in_flight, in_flight_limit
+from rayfleet.gateway.overload import InFlightLimit, default_max_in_flight
 from rayfleet.gateway.policies import Policies
 from tests.unit.hostile import upstream_answering
 from tests.unit.test_hostile_faults import gateway_over
@@ -153,12 +153,12 @@ def test_the_openai_client_retries_the_503_and_is_served_once_room_is_made():
 
 
 def test_the_default_limit_is_what_the_open_files_allow():
-    limit = in_flight_limit(None)
+    limit = InFlightLimit(None)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert soft == hard or hard == resource.RLIM_INFINITY  # raised to the hard limit
     assert limit.limit == default_max_in_flight(soft) == max(64, (soft - 512) // 2)
-    assert not limit.configured
-    assert in_flight_limit(300).limit == 300 and in_flight_limit(300).configured
+    assert limit.configured is None
+    assert InFlightLimit(300).limit == 300 and InFlightLimit(300).configured == 300
 
 
 def test_a_limit_below_one_is_refused_naming_the_field():
@@ -168,7 +168,7 @@ def test_a_limit_below_one_is_refused_naming_the_field():
 
 
 def test_apply_changes_the_limit_of_a_running_gateway():
-    async def main() -> list[tuple[int, bool]]:
+    async def main() -> list[tuple[int, int | None]]:
         async with (
             holding_replica() as (_, url),
             gateway_over({"m#0": url}, limited(2)) as (gateway, _),
@@ -181,5 +181,5 @@ def test_apply_changes_the_limit_of_a_running_gateway():
             return seen
 
     seen = asyncio.run(main())
-    assert seen[:2] == [(2, True), (5, True)]
-    assert seen[2][0] > 5 and not seen[2][1]  # unset again: what the open files allow
+    assert seen[:2] == [(2, 2), (5, 5)]
+    assert seen[2][0] > 5 and seen[2][1] is None  # unset again: what the open files allow
