@@ -36,7 +36,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -177,18 +177,10 @@ def measure(args: argparse.Namespace) -> list[dict]:
 def open_loop(gateway: GatewayProcess, rate: float, args: argparse.Namespace) -> dict:
     """Poisson arrivals at ``rate`` through ``gateway``: one row of the table."""
     target = Target(gateway.url, "/v1/completions", MODEL)
-    before = gateway.cpu_s()
-    output = run(target, rate, args.duration_s, args.client_processes, args.seed)
-    used_s = gateway.cpu_s() - before
-    return {
-        "rate": rate,
-        "workers": args.workers,
-        "pool": args.pool or args.workers > 1,
-        "max_in_flight": gateway.max_in_flight,
-        "gateway": summary(output),
-        "gateway_cpu_us_per_request": 1e6 * used_s / max(len(output.results), 1),
-        "gateway_cpu_share": used_s / output.duration_s,
-    }
+    row = {"rate": rate, "max_in_flight": gateway.max_in_flight}
+    return row | measured(
+        gateway, args, lambda: run(target, rate, args.duration_s, args.client_processes, args.seed)
+    )
 
 
 def closed_loop(
@@ -197,21 +189,31 @@ def closed_loop(
     """The gateway's throughput with ``concurrency`` requests always in flight: its
     capacity, which an open loop past saturation does not show (throughput collapses)."""
     num = int(args.closed_loop_rps * args.duration_s)
-    before = gateway.cpu_s()
-    output = run(
-        target, num / args.duration_s, args.duration_s, args.client_processes, 0, concurrency
+    row = {"concurrency": concurrency} | measured(
+        gateway,
+        args,
+        lambda: run(
+            target, num / args.duration_s, args.duration_s, args.client_processes, 0, concurrency
+        ),
     )
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def measured(
+    gateway: GatewayProcess, args: argparse.Namespace, send: Callable[[], RunOutput]
+) -> dict:
+    """What ``send`` got through ``gateway`` and the gateway CPU it cost."""
+    before = gateway.cpu_s()
+    output = send()
     used_s = gateway.cpu_s() - before
-    row = {
-        "concurrency": concurrency,
+    return {
         "workers": args.workers,
         "pool": args.pool or args.workers > 1,
         "gateway": summary(output),
         "gateway_cpu_us_per_request": 1e6 * used_s / max(len(output.results), 1),
         "gateway_cpu_share": used_s / output.duration_s,
     }
-    print(json.dumps(row), flush=True)
-    return row
 
 
 def print_table(rows: list[dict]) -> None:
