@@ -40,12 +40,15 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import openai
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from rayfleet.control.engine import free_port
 from tests.integration.fleet import (
@@ -66,6 +69,7 @@ MAX_MODEL_LEN = 2048
 NUM_AHEAD = 20  # requests queued ahead of the one that leaves
 NUM_TOKENS_AHEAD = MAX_MODEL_LEN - 64  # the stream that leaves mid-way: 8-12 s here
 NUM_TOKENS_QUEUED = 1024  # each request queued ahead: about 6 s here
+NUM_TOKENS_LEAVING = 16  # the one that leaves (a shape no other request of the test has)
 # The engine has stalled when no request ahead finished for this long (about 20 of them).
 STALL_S = 120.0
 ENGINE_LOAD = ("vllm:num_requests_running", "vllm:num_requests_waiting")
@@ -265,15 +269,13 @@ def test_a_client_that_leaves_while_queued_is_dropped_before_it_runs(fleet):
     (replica,) = wait_until(lambda: serving_replicas(fleet), RESTART_TIMEOUT_S) or [None]
     assert replica is not None
     url = replica["url"]
-    names = (*ENGINE_LOAD, "vllm:request_success_total", GENERATED)
     idle = lambda: engine_gauges(url, *ENGINE_LOAD) == [0.0, 0.0]  # noqa: E731
     assert wait_until(idle, 60), "the engine is busy"
-    _, _, done_before, generated_before = engine_gauges(url, *names)
+    before = QueueCounts.read(url)
 
     def num_arrived() -> float:
         """Requests vLLM has taken since the start: running, waiting or finished."""
-        running, waiting, done, _ = engine_gauges(url, *names)
-        return running + waiting + done - done_before
+        return QueueCounts.read(url).arrived - before.arrived
 
     ahead = [open_stream(fleet, NUM_TOKENS_QUEUED, stream=False) for _ in range(NUM_AHEAD)]
     leaving: socket.socket | None = None
@@ -281,21 +283,75 @@ def test_a_client_that_leaves_while_queued_is_dropped_before_it_runs(fleet):
         # The one that leaves is sent only once vLLM has every request ahead: sent at
         # once, the gateway's concurrent relays let it overtake some of them, and once it
         # ran and finished (CI, a loaded machine: 13 finished where 12 should have).
-        assert wait_until(lambda: num_arrived() == NUM_AHEAD, 60), "the ones ahead never arrived"
-        leaving = open_stream(fleet, 16)
-        assert wait_until(lambda: num_arrived() == NUM_AHEAD + 1, 60), "the last never arrived"
+        # Each count must hold on two reads in a row: the finished counter is the API
+        # server's and the running gauge the engine's, so one read just after a request
+        # ahead finished can count it twice.
+        assert settled(lambda: num_arrived() == NUM_AHEAD, 60), "the ones ahead never arrived"
+        leaving = open_stream(fleet, NUM_TOKENS_LEAVING)
+        assert settled(lambda: num_arrived() == NUM_AHEAD + 1, 60), "the last never arrived"
         leaving.close()  # it waits behind the others (max_num_seqs 1, first come first served)
-        assert idle_while_finishing(url, done_before), "the engine stalled before going idle"
+        assert idle_while_finishing(url, before.finished), "the engine stalled before going idle"
     finally:
         for sock in ahead:
             sock.close()
         if leaving is not None:
             leaving.close()
-    _, _, done, generated = engine_gauges(url, *names)
-    assert done - done_before == NUM_AHEAD, "a request ahead did not finish, or the last one did"
-    # Every token generated was one of the requests ahead (ignore_eos: exactly their
-    # max_tokens): the one that left was dropped before its first step.
-    assert generated - generated_before == NUM_AHEAD * NUM_TOKENS_QUEUED
+    after = QueueCounts.read(url)
+    seen = f"since the start: {after.minus(before)}"
+    # By the tokens each generated (ignore_eos: exactly max_tokens), the requests ahead
+    # finished and the one that left did not; other requests, if any, are told apart.
+    assert after.long - before.long == NUM_AHEAD, f"a request ahead did not finish; {seen}"
+    assert after.short == before.short, f"the one that left finished; {seen}"
+    # Every token generated was one of the requests ahead: the one that left was dropped
+    # before its first step.
+    assert after.generated - before.generated == NUM_AHEAD * NUM_TOKENS_QUEUED, seen
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    """One read of a vLLM server's /metrics: its queue, and its finished requests by the
+    number of tokens each generated (vLLM's histogram buckets)."""
+
+    running: float
+    waiting: float
+    finished: float  # every finish reason
+    long: float  # finished after more than 1,000 tokens: the requests ahead
+    short: float  # finished after 11 to 20 tokens: the shape of the one that leaves
+    generated: float
+
+    @property
+    def arrived(self) -> float:
+        return self.running + self.waiting + self.finished
+
+    @classmethod
+    def read(cls, url: str) -> QueueCounts:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+            samples = list(text_string_to_metric_families(response.read().decode()))
+        values: dict[tuple[str, str], float] = {}
+        for family in samples:
+            for sample in family.samples:
+                key = (sample.name, sample.labels.get("le", ""))
+                values[key] = values.get(key, 0.0) + sample.value
+        tokens = "vllm:request_generation_tokens"
+        return cls(
+            running=values.get(("vllm:num_requests_running", ""), 0.0),
+            waiting=values.get(("vllm:num_requests_waiting", ""), 0.0),
+            finished=values.get(("vllm:request_success_total", ""), 0.0),
+            long=values[(tokens + "_count", "")] - values[(tokens + "_bucket", "1000.0")],
+            short=values[(tokens + "_bucket", "20.0")] - values[(tokens + "_bucket", "10.0")],
+            generated=values.get((GENERATED, ""), 0.0),
+        )
+
+    def minus(self, other: QueueCounts) -> dict[str, float]:
+        return {
+            name: getattr(self, name) - getattr(other, name)
+            for name in ("finished", "long", "short", "generated")
+        }
+
+
+def settled(predicate: Any, timeout_s: float) -> bool:
+    """Whether ``predicate()`` held on two reads in a row before ``timeout_s``."""
+    return bool(wait_until(lambda: predicate() and predicate(), timeout_s))
 
 
 def idle_while_finishing(url: str, done_before: float) -> bool:
@@ -303,10 +359,10 @@ def idle_while_finishing(url: str, done_before: float) -> bool:
     the queue takes is the machine's speed (20 requests of 1,984 tokens took 234 s here one
     day and 243 s, past a fixed wait of 240 s, the next), so only a stall of ``STALL_S``
     fails."""
-    names = (*ENGINE_LOAD, "vllm:request_success_total")
     last_done, last_change = done_before, time.monotonic()
     while True:
-        running, waiting, done = engine_gauges(url, *names)
+        counts = QueueCounts.read(url)
+        running, waiting, done = counts.running, counts.waiting, counts.finished
         if running == waiting == 0:
             return True
         if done > last_done:
