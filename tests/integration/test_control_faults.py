@@ -13,20 +13,21 @@
 The module's fleet serves one replica of the tiny model with ``max_num_seqs: 1``, so
 requests run one at a time and the others wait in vLLM's queue.
 
-The queued case. Twenty long requests (not streamed) of 1,024 tokens each queue up: about
-80 s of work at the 270 tokens a second the tiny model decodes one request at a time here
-(3.8 s for 1,024; in CI the whole test once took 45 s). Once the gateway's /metrics counts them all in flight to
-the replica, the one that leaves is sent, and its client leaves as soon as the response's
-head reaches it (vLLM starts a stream as it queues the request), with at least two
-requests ahead still unanswered. Nothing waits on vLLM's own /metrics before the client
-leaves: while the engine runs it answers slowly (its API server shares two cores with the
-engine's busy loop; two reads outlasted a 23 s queue here), and three such reads let the
-queue drain first in CI. The engine is waited on to go idle for as long as it keeps finishing requests, not
-for a fixed time. Then vLLM's histogram of tokens generated per finished request
-(``ignore_eos``: exactly max_tokens) has twenty more of over 1,000 and none more of the
-16 the one that left asked for, and every token generated since the start belongs to a
-finished request (the histogram's sum): the one that left never ran a step. Any other
-request the engine may have taken meanwhile is told apart by its size.
+The queued case. Twenty long requests (not streamed) of 1,024 tokens each queue up:
+about 80 s of work at the 270 tokens a second the tiny model decodes one request at a
+time here (3.8 s for 1,024; in CI the whole test once took 45 s). Once the gateway's
+/metrics counts them all in flight to the replica, the one that leaves is sent, and its
+client leaves as soon as the response's head reaches it (vLLM starts a stream as it
+queues the request), with at least two requests ahead still unanswered. Nothing waits on
+vLLM's own /metrics before the client leaves: while the engine runs it answers slowly
+(its API server shares two cores with the engine's busy loop; two reads outlasted a 23 s
+queue here), and three such reads let the queue drain first in CI. The engine is waited
+on to go idle for as long as it keeps finishing requests, not for a fixed time. Then
+vLLM's histogram of tokens generated per finished request (``ignore_eos``: exactly
+max_tokens) has twenty more of over 1,000 and none more of the 16 the one that left
+asked for, and every token generated since the start belongs to a finished request (the
+histogram's sum): the one that left never ran a step. Any other request the engine may
+have taken meanwhile is told apart by its size.
 
 The 1 s bound is not measured in the queued case: vLLM's /metrics is too slow while the
 engine runs to time a disconnect to the second. An earlier version, one request of about
