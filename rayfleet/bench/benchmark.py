@@ -101,6 +101,7 @@ def result_dict(config: BenchConfig, output: RunOutput) -> Summary:
         "request_rate": shape.request_rate if not math.isinf(shape.request_rate) else "inf",
         "burstiness": shape.burstiness,
         "max_concurrency": shape.max_concurrency,
+        "max_connections": shape.max_connections,
     }
     if shape.ramp_up_strategy:
         result.update(

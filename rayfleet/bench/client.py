@@ -105,9 +105,14 @@ def request_headers(target: Target) -> dict[str, str]:
     return headers
 
 
-def open_session(max_concurrency: int | None) -> aiohttp.ClientSession:
-    """One pooled session for a whole run; as many connections as requests in flight."""
-    connector = aiohttp.TCPConnector(limit=max_concurrency or 0, keepalive_timeout=60)
+def open_session(
+    max_concurrency: int | None, max_connections: int | None = None
+) -> aiohttp.ClientSession:
+    """One pooled session for a whole run: as many connections as requests in flight, or
+    at most ``max_connections`` (a request over it waits in the pool, and its wait counts
+    in its time to first token, as an application's would)."""
+    limits = [n for n in (max_concurrency, max_connections) if n]
+    connector = aiohttp.TCPConnector(limit=min(limits, default=0), keepalive_timeout=60)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
 
 

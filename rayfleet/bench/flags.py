@@ -155,6 +155,7 @@ def load_shape(options: LoadOptions, *, seed: int) -> LoadShape:
         request_rate=options.request_rate,
         burstiness=options.burstiness,
         max_concurrency=options.max_concurrency,
+        max_connections=options.max_connections,
         ramp_up_strategy=options.ramp_up_strategy,
         ramp_up_start_rps=options.ramp_up_start_rps,
         ramp_up_end_rps=options.ramp_up_end_rps,

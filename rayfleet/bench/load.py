@@ -30,6 +30,7 @@ class LoadShape:
     request_rate: float = math.inf
     burstiness: float = 1.0
     max_concurrency: int | None = None
+    max_connections: int | None = None  # the client's pool; None: one a request in flight
     ramp_up_strategy: str | None = None
     ramp_up_start_rps: float | None = None
     ramp_up_end_rps: float | None = None
@@ -49,6 +50,8 @@ class LoadShape:
             load = f"{self.request_rate:g} req/s"
         if self.max_concurrency:
             load += f", concurrency {self.max_concurrency}"
+        if self.max_connections:
+            load += f", {self.max_connections} connections"
         return load
 
 
@@ -56,6 +59,8 @@ def check_shape(shape: LoadShape) -> None:
     """Raise a RayfleetError naming the flag when the shape cannot be run."""
     if shape.max_concurrency is not None and shape.max_concurrency < 1:
         raise RayfleetError("--max-concurrency must be at least 1")
+    if shape.max_connections is not None and shape.max_connections < 1:
+        raise RayfleetError("--max-connections must be at least 1 (leave it out for no cap)")
     if shape.request_rate <= 0:
         raise RayfleetError("--request-rate must be positive (or inf to send all at once)")
     if shape.burstiness <= 0:
@@ -116,11 +121,20 @@ def ramp_rates(shape: LoadShape, num_requests: int) -> np.ndarray:
 
 
 def split_for_processes(shape: LoadShape, num_processes: int, index: int) -> LoadShape:
-    """The share of ``shape`` that process ``index`` of ``num_processes`` runs."""
-    if shape.max_concurrency is None:
-        return shape
-    base, extra = divmod(shape.max_concurrency, num_processes)
-    return replace(shape, max_concurrency=max(1, base + (index < extra)))
+    """The share of ``shape`` that process ``index`` of ``num_processes`` runs: its part
+    of the concurrency and of the connections (at least one of each)."""
+
+    def part(total: int | None) -> int | None:
+        if total is None:
+            return None
+        base, extra = divmod(total, num_processes)
+        return max(1, base + (index < extra))
+
+    return replace(
+        shape,
+        max_concurrency=part(shape.max_concurrency),
+        max_connections=part(shape.max_connections),
+    )
 
 
 def _gaps_s(rates: np.ndarray, burstiness: float, rng: np.random.Generator) -> np.ndarray:

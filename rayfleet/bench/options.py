@@ -132,6 +132,14 @@ class LoadOptions:
     max_concurrency: Annotated[
         int | None, typer.Option(help="Most requests in flight at once.")
     ] = None
+    max_connections: Annotated[
+        int | None,
+        typer.Option(
+            help="Most connections open at once, as an application's client pool caps them "
+            "(the openai SDK's: 1,000); a request over it waits for one, and the wait counts "
+            "in its TTFT. Default: a connection for each request in flight."
+        ),
+    ] = None
     request_rate: Annotated[float, typer.Option(help="Requests per second (inf: all at once).")] = (
         math.inf
     )

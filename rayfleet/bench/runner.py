@@ -86,9 +86,7 @@ def run_load(
     offsets_s = arrival_offsets_s(shape, len(prompts))
     if num_processes <= 1:
         use_uvloop()
-        return asyncio.run(
-            _run_here(target, prompts, offsets_s, shape.max_concurrency, on_progress)
-        )
+        return asyncio.run(_run_here(target, prompts, offsets_s, shape, on_progress))
     return _run_in_processes(target, prompts, offsets_s, shape, num_processes, on_progress)
 
 
@@ -96,7 +94,7 @@ async def _run_here(
     target: Target,
     prompts: Sequence[Prompt],
     offsets_s: np.ndarray,
-    max_concurrency: int | None,
+    shape: LoadShape,
     on_progress: OnProgress | None,
 ) -> RunOutput:
     counts = Counts()
@@ -105,7 +103,15 @@ async def _run_here(
     loop.add_signal_handler(signal.SIGINT, stop.set)
     reporter = asyncio.create_task(_report_every(counts, on_progress)) if on_progress else None
     try:
-        return await drive(target, prompts, offsets_s, max_concurrency, counts, stop)
+        return await drive(
+            target,
+            prompts,
+            offsets_s,
+            shape.max_concurrency,
+            counts,
+            stop,
+            max_connections=shape.max_connections,
+        )
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         if reporter and on_progress:
@@ -127,9 +133,11 @@ async def drive(
     counts: Counts,
     stop: asyncio.Event,
     start_s: float | None = None,
+    max_connections: int | None = None,
 ) -> RunOutput:
     """Send each prompt at its offset from ``start_s`` (now if None) with at most
-    ``max_concurrency`` in flight; stop early when ``stop`` is set."""
+    ``max_concurrency`` in flight over at most ``max_connections`` connections; stop
+    early when ``stop`` is set."""
     headers = request_headers(target)
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
     tasks: list[asyncio.Task[RequestResult]] = []
@@ -151,7 +159,7 @@ async def drive(
         if tasks:
             await asyncio.wait(tasks)
 
-    async with open_session(max_concurrency) as session:
+    async with open_session(max_concurrency, max_connections) as session:
         output = RunOutput(start_s=start_s if start_s is not None else time.perf_counter())
         dispatcher = asyncio.create_task(dispatch(output.start_s))
         stopper = asyncio.create_task(stop.wait())
@@ -225,7 +233,7 @@ def _start_worker(
             target,
             list(prompts[index::num_processes]),
             offsets_s[index::num_processes],
-            share.max_concurrency,
+            share,
             counts,
             sync,
             sender,
@@ -299,7 +307,7 @@ def _worker_main(
     target: Target,
     prompts: Sequence[Prompt],
     offsets_s: np.ndarray,
-    max_concurrency: int | None,
+    share: LoadShape,
     shared: Any,
     sync: _WorkerSync,
     sender: Any,
@@ -307,7 +315,7 @@ def _worker_main(
     use_uvloop()
     sync.ready.wait()
     sync.go.wait()
-    output = asyncio.run(_worker_run(target, prompts, offsets_s, max_concurrency, shared, sync))
+    output = asyncio.run(_worker_run(target, prompts, offsets_s, share, shared, sync))
     sender.send(output)
     sender.close()
 
@@ -316,7 +324,7 @@ async def _worker_run(
     target: Target,
     prompts: Sequence[Prompt],
     offsets_s: np.ndarray,
-    max_concurrency: int | None,
+    share: LoadShape,
     shared: Any,
     sync: _WorkerSync,
 ) -> RunOutput:
@@ -328,10 +336,11 @@ async def _worker_run(
             target,
             prompts,
             offsets_s,
-            max_concurrency,
+            share.max_concurrency,
             _SharedCounts(shared),
             stop,
             start_s=sync.start_at.value,
+            max_connections=share.max_connections,
         )
     finally:
         watcher.cancel()

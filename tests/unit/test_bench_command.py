@@ -250,6 +250,10 @@ def test_compare_prints_runs_side_by_side_with_ratios(tmp_path):
             "--base-url 'localhost:1' must start with http",
         ),
         (
+            ["bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--max-connections", "0"],
+            "--max-connections must be at least 1",
+        ),
+        (
             [
                 "bench",
                 "--base-url",
@@ -351,6 +355,7 @@ def test_help_lists_vllm_flag_names():
         "--random-output-len",
         "--num-prompts",
         "--max-concurrency",
+        "--max-connections",
         "--request-rate",
         "--burstiness",
         "--ignore-eos",

@@ -54,6 +54,7 @@ def test_exponential_ramp_is_geometric():
     "shape, flag",
     [
         (LoadShape(max_concurrency=0), "--max-concurrency"),
+        (LoadShape(max_connections=0), "--max-connections"),
         (LoadShape(request_rate=0), "--request-rate"),
         (LoadShape(burstiness=0), "--burstiness"),
         (
@@ -81,3 +82,12 @@ def test_concurrency_splits_over_processes_without_losing_any():
     shares = [split_for_processes(shape, 3, i).max_concurrency for i in range(3)]
     assert shares == [4, 3, 3]
     assert split_for_processes(LoadShape(), 3, 0).max_concurrency is None
+
+
+def test_connections_split_over_processes_at_least_one_each():
+    shape = LoadShape(max_concurrency=64, max_connections=5)
+    shares = [split_for_processes(shape, 3, i) for i in range(3)]
+    assert [s.max_connections for s in shares] == [2, 2, 1]
+    assert [s.max_concurrency for s in shares] == [22, 21, 21]
+    assert split_for_processes(LoadShape(max_connections=2), 3, 2).max_connections == 1
+    assert split_for_processes(LoadShape(), 3, 0).max_connections is None

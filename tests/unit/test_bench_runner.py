@@ -30,6 +30,42 @@ def test_max_concurrency_caps_requests_in_flight():
     assert not output.interrupted and output.num_cancelled == 0
 
 
+def test_max_connections_caps_the_connections_and_the_wait_counts_in_ttft():
+    spec = SimulatorSpec(token_delay_s=0.005)
+    with SimulatorThread(spec) as sim:
+        target = Target(sim.url, model="sim")
+        capped = run_load(target, PROMPTS, LoadShape(max_connections=2))
+        served_capped = simulator_requests(sim.url)
+        run_load(target, PROMPTS, LoadShape())  # all at once, a connection each
+        served_free = simulator_requests(sim.url)
+    assert len(capped.results) == 60 and all(r.ok for r in capped.results)
+    # HTTP/1.1: one request at a time a connection, so the simulator served two at most.
+    assert peak_served(served_capped) == 2
+    assert peak_served(served_free) > 2
+    # Each request is timed from when it was sent, before it had a connection: the last
+    # of the 30 in line waited for 29 others of at least 3 token delays each.
+    assert max(r.ttft_s for r in capped.results) >= 29 * 3 * spec.token_delay_s
+
+
+def simulator_requests(url: str) -> list[list[float]]:
+    """The simulator's [arrival, first token, last token, tokens] of each request since
+    the last call, which resets them."""
+    with urllib.request.urlopen(url + "/simulator/stats") as response:
+        seen: list[list[float]] = json.load(response)["requests"]
+    urllib.request.urlopen(urllib.request.Request(url + "/simulator/reset", method="POST"))
+    return seen
+
+
+def peak_served(requests: list[list[float]]) -> int:
+    """Most requests the simulator held at once, from arrival to last token."""
+    edges = sorted([(r[0], 1) for r in requests] + [(r[2], -1) for r in requests])
+    peak = current = 0
+    for _, step in edges:
+        current += step
+        peak = max(peak, current)
+    return peak
+
+
 def test_request_rate_sets_the_duration():
     with SimulatorThread() as sim:
         output = run_load(Target(sim.url, model="sim"), PROMPTS, LoadShape(request_rate=60.0))
