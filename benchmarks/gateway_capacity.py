@@ -27,6 +27,10 @@ first at which the gateway achieves less than 95% of the offered rate.
 ``--max-in-flight none,128`` starts one gateway per value of gateway.max_in_flight (none:
 the default) and sends each rate through each of them by turns, the order reversed every
 other rate; requests refused with its 503 are counted apart from failures.
+
+``--max-connections N`` caps the open loop's client at N connections (``rayfleet bench
+--max-connections``), as an application's HTTP pool does: past the gateway's capacity,
+requests then wait in the client, not in the kernel's accept queue.
 """
 
 from __future__ import annotations
@@ -77,15 +81,17 @@ def run(
     processes: int,
     seed: int,
     concurrency: int | None = None,
+    connections: int | None = None,
 ) -> RunOutput:
     """Poisson arrivals at ``rate`` for ``duration_s``; with ``concurrency``, a closed
-    loop instead: as many requests, ``concurrency`` of them in flight at all times."""
+    loop instead: as many requests, ``concurrency`` of them in flight at all times.
+    ``connections`` caps the client's connections (all its processes together)."""
     num = max(int(rate * duration_s), 1)
     prompts = [Prompt(f"request {i} " + "word " * 12, 16, OUTPUT_TOKENS) for i in range(num)]
     if concurrency is not None:
         shape = LoadShape(max_concurrency=concurrency, seed=seed)
     else:
-        shape = LoadShape(request_rate=rate, seed=seed)
+        shape = LoadShape(request_rate=rate, max_connections=connections, seed=seed)
     return run_load(target, prompts, shape, num_processes=processes)
 
 
@@ -177,9 +183,22 @@ def measure(args: argparse.Namespace) -> list[dict]:
 def open_loop(gateway: GatewayProcess, rate: float, args: argparse.Namespace) -> dict:
     """Poisson arrivals at ``rate`` through ``gateway``: one row of the table."""
     target = Target(gateway.url, "/v1/completions", MODEL)
-    row = {"rate": rate, "max_in_flight": gateway.max_in_flight}
+    row = {
+        "rate": rate,
+        "max_in_flight": gateway.max_in_flight,
+        "max_connections": args.max_connections,
+    }
     return row | measured(
-        gateway, args, lambda: run(target, rate, args.duration_s, args.client_processes, args.seed)
+        gateway,
+        args,
+        lambda: run(
+            target,
+            rate,
+            args.duration_s,
+            args.client_processes,
+            args.seed,
+            connections=args.max_connections,
+        ),
     )
 
 
@@ -300,6 +319,14 @@ def main() -> None:
         type=lambda text: [None if v == "none" else int(v) for v in text.split(",")],
         help="gateway.max_in_flight of each gateway process (requests over it get a 503); "
         "several ('none,512'): a gateway each, every rate run through each by turns",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="the open loop's client opens at most this many connections to the gateway (all "
+        "its processes together), as applications' pools do; a request waits for one, and "
+        "its TTFT counts the wait. Default: a connection per request in flight",
     )
     parser.add_argument("--out", type=Path, default=Path("results/gateway_capacity.json"))
     args = parser.parse_args()
