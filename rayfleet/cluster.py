@@ -9,6 +9,15 @@ differs between them::
     with connected(address, hint="..."):                        # doctor, plan --from-cluster
         ray_nodes(), node_resources()                           # what the cluster has, free
 
+A local Ray runs its workers at niceness 0 (``WORKER_NICENESS``), not Ray's default of 15.
+A replica actor is such a worker: at niceness 15, its start (a new process importing Ray,
+Serve and rayfleet) got a sliver of the CPU beside engines already serving at niceness 0,
+and a scale-up waited on it. Measured on 2 cores with two busy niceness-0 processes: an
+actor importing the replica module started in 51-55 s at 15, 3.0-4.5 s at 0
+(benchmarks/actor_start.py). A cluster that ``ray start`` runs keeps what its nodes were
+started with; ``rayfleet doctor`` warns about a node whose workers are niced, with the fix
+(``RAY_worker_niceness=0 ray start ...``).
+
 When there is no cluster at the address, the error is one line that names the address,
 says how to start a cluster, and ends with the caller's ``hint`` (the fix in that
 command's own terms). An explicit address with nothing listening fails in seconds, not
@@ -29,6 +38,7 @@ LOCAL = "local"
 AUTO = "auto"
 REACHABLE_TIMEOUT_S = 5.0
 CLIENT_ATTEMPTS = 3  # Ray client connections (see _join)
+WORKER_NICENESS = 0  # a local Ray's workers, replica actors among them (see above)
 
 
 def connect(
@@ -53,6 +63,7 @@ def connect(
                 namespace=namespace,
                 log_to_driver=False,
                 logging_level=logging_level,
+                _system_config={"worker_niceness": WORKER_NICENESS},
             )
         else:
             _join(address, namespace, logging_level)

@@ -211,13 +211,15 @@ def start_foreground_up(home: Path, config_path: Path) -> subprocess.Popen[str]:
 @contextlib.contextmanager
 def one_cpu_raylets(num_workers: int = 1) -> Iterator[Any]:
     """A head raylet and ``num_workers`` worker raylets of one CPU each: a replica of one
-    CPU per node. Yields ray.cluster_utils.Cluster."""
+    CPU per node. Each node runs its Ray workers at niceness 0, as ``rayfleet doctor``
+    asks of a cluster. Yields ray.cluster_utils.Cluster."""
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    unniced = {"RAY_worker_niceness": "0"}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "env_vars": unniced})
     try:
         for _ in range(num_workers):
-            cluster.add_node(num_cpus=1)
+            cluster.add_node(num_cpus=1, env_vars=unniced)
         cluster.wait_for_nodes()
         yield cluster
     finally:

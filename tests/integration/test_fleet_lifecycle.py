@@ -98,6 +98,18 @@ def tiny_replicas(fleet) -> list[dict]:
     return [r for r in fleet.status()["replicas"] if r["model"] == "tiny"]
 
 
+def test_replica_actors_and_their_servers_run_unniced(fleet):
+    """A local fleet's Ray runs its workers at niceness 0 (rayfleet/cluster.py): a replica
+    actor at Ray's default of 15 starts starved beside busy engines."""
+    replicas = [r for r in fleet.status()["replicas"] if r.get("pid")]
+    assert replicas, fleet.status()
+    for replica in replicas:
+        server = psutil.Process(replica["pid"])
+        actor = server.parent()
+        assert actor is not None and "ServeReplica" in " ".join(actor.cmdline()), actor
+        assert (actor.nice(), server.nice()) == (0, 0), replica
+
+
 def test_killed_server_is_replaced_while_requests_keep_succeeding(fleet, client):
     def both_healthy():
         now = tiny_replicas(fleet)
