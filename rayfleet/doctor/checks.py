@@ -159,6 +159,28 @@ def match_interfaces(spec: str, interfaces: list[str]) -> list[str]:
     return [i for i in interfaces if hit(i) != exclude]
 
 
+# --- Ray worker niceness -----------------------------------------------------------
+
+
+def check_workers(node: Node, facts: dict[str, Any], ctx: Context) -> list[CheckResult]:
+    status, value, fix = judge_niceness(part(facts, "workers")["niceness"])
+    return [result_for(node, "worker niceness", status, value, fix)]
+
+
+def judge_niceness(niceness: int) -> tuple[Status, str, str]:
+    """Ray's workers (replica actors among them) at its default niceness of 15 get a
+    sliver of a busy node's CPU: a replica starting beside serving engines waits on it."""
+    value = f"Ray workers run at niceness {niceness}"
+    if niceness <= 0:
+        return Status.OK, value, ""
+    return (
+        Status.WARN,
+        f"{value}: a replica starting beside busy engines is starved (its actor took "
+        "51-55 s to start at 15, 3-4.5 s at 0, on 2 busy cores)",
+        "start Ray on this node with `RAY_worker_niceness=0 ray start ...`",
+    )
+
+
 # --- disk, model sources, ports ---------------------------------------------------
 
 
@@ -246,6 +268,7 @@ NODE_CHECKS: list[NodeCheck] = [
     check_gpus,
     check_shm,
     check_nccl,
+    check_workers,
     check_disk,
     check_models,
     check_ports,

@@ -10,7 +10,8 @@ ok / warn / fail. Every part is read independently; a part that raises becomes
 The request (from the driver) and the facts (back to it)::
 
     request = {"model_sources": [{"name": "m", "source": "~/models/m"}], "ports": [8000]}
-    facts = {"hostname", "versions", "gpus", "shm", "nccl", "disk", "models", "ports"}
+    facts = {"hostname", "versions", "gpus", "shm", "nccl", "disk", "models", "ports",
+             "workers"}   # workers: the niceness Ray gave this task's worker process
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def probe_node(request: dict[str, Any]) -> dict[str, Any]:
             read_model_source(m["name"], m["source"]) for m in request.get("model_sources", [])
         ],
         "ports": lambda: [read_port(p) for p in request.get("ports", [])],
+        "workers": lambda: {"niceness": os.getpriority(os.PRIO_PROCESS, 0)},
     }
     facts: dict[str, Any] = {"hostname": socket.gethostname()}
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(parts)) as pool:

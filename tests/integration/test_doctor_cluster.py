@@ -31,14 +31,27 @@ REPO = Path(__file__).resolve().parents[2]
 SMALL_LINKS = dict(net_max_s=0.5, net_max_bytes=64 * 1024**2)
 
 
+UNNICED = {"RAY_worker_niceness": "0"}  # as the doctor's fix says; Ray's default is 15
+
+
 def start_cluster(workers: list[dict], head_env: dict | None = None) -> tuple[Cluster, list]:
-    """A head and one raylet per entry of ``workers`` (keyword arguments of ``add_node``)."""
+    """A head and one raylet per entry of ``workers`` (keyword arguments of ``add_node``),
+    each with its Ray workers at niceness 0 unless its ``env_vars`` say otherwise."""
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 1, "include_dashboard": False, "env_vars": head_env or {}},
+        head_node_args={
+            "num_cpus": 1,
+            "include_dashboard": False,
+            "env_vars": {**UNNICED, **(head_env or {})},
+        },
     )
     try:
-        nodes = [cluster.add_node(**{"num_cpus": 1, **args}) for args in workers]
+        nodes = [
+            cluster.add_node(
+                **{"num_cpus": 1, **args, "env_vars": {**UNNICED, **args.get("env_vars", {})}}
+            )
+            for args in workers
+        ]
         cluster.wait_for_nodes()
     except Exception:
         cluster.shutdown()
@@ -75,7 +88,8 @@ def rows(report, check: str, node_id: str | None = None):
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory):
     """Head with the model in its HOME; 'stray' sees vLLM 0.0.1 and a bogus NCCL interface;
-    'bare' has a HOME without the model and was started with a GPU it does not have."""
+    'bare' has a HOME without the model, was started with a GPU it does not have, and runs
+    its Ray workers at Ray's default niceness."""
     base = tmp_path_factory.mktemp("faulty")
     head_home, bare_home = base / "head-home", base / "bare-home"
     model = head_home / "models" / "tiny"
@@ -93,7 +107,7 @@ def faulty(tmp_path_factory):
                     "NCCL_SOCKET_IFNAME": "bogus0",
                 }
             },
-            {"env_vars": {"HOME": str(bare_home)}, "num_gpus": 1},
+            {"env_vars": {"HOME": str(bare_home), "RAY_worker_niceness": "15"}, "num_gpus": 1},
         ],
     )
     busy = socket.socket()
@@ -171,6 +185,16 @@ def test_gpu_claimed_by_ray_but_absent(faulty, faulty_report):
     assert bare.status is Status.FAIL and "Ray 1" in bare.value
     [head] = rows(faulty_report, "gpus", faulty["head"])
     assert head.status is Status.OK and head.value == "no GPU (CPU node)"
+
+
+def test_niced_ray_workers_warn_on_their_node_only(faulty, faulty_report):
+    [niced] = rows(faulty_report, "worker niceness", faulty["bare"])
+    assert niced.status is Status.WARN
+    assert niced.value.startswith("Ray workers run at niceness 15: ")
+    assert "RAY_worker_niceness=0 ray start" in niced.fix
+    for node in (faulty["head"], faulty["stray"]):
+        [row] = rows(faulty_report, "worker niceness", node)
+        assert (row.status, row.value) == (Status.OK, "Ray workers run at niceness 0")
 
 
 def test_busy_gateway_port_fails_on_the_head_only(faulty, faulty_report):

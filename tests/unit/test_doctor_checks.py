@@ -8,7 +8,7 @@ import pytest
 
 from rayfleet.config import load_fleet
 from rayfleet.doctor import checks, gpus
-from rayfleet.doctor.checks import judge_nccl, judge_shm, match_interfaces
+from rayfleet.doctor.checks import judge_nccl, judge_niceness, judge_shm, match_interfaces
 from rayfleet.doctor.context import Context
 from rayfleet.doctor.gpus import judge_gpus
 from rayfleet.doctor.needs import FleetNeeds, ModelNeed, fleet_needs
@@ -45,6 +45,7 @@ def make_facts(vllm: str | None = "0.32.0", location: str = "/site/vllm", **part
         "disk": [{"path": "/hf", "free_bytes": 100 * GIB, "total_bytes": 200 * GIB}],
         "models": [],
         "ports": [],
+        "workers": {"niceness": 0},
     }
     facts.update(parts)
     return facts
@@ -277,3 +278,13 @@ def test_model_presence_and_ports_lines(tmp_path):
     assert model.status is Status.FAIL and "copy the model to ~/m" in model.fix
     [port] = checks.check_ports(node, facts, ctx)
     assert port.status is Status.FAIL and port.value == "in use, held by pid 7 (nginx)"
+
+
+@pytest.mark.parametrize(
+    ("niceness", "status"), [(0, Status.OK), (-5, Status.OK), (15, Status.WARN)]
+)
+def test_niced_ray_workers_are_a_warning_with_the_start_flag(niceness, status):
+    got, value, fix = judge_niceness(niceness)
+    assert got is status
+    assert value.startswith(f"Ray workers run at niceness {niceness}")
+    assert ("RAY_worker_niceness=0" in fix) == (status is Status.WARN)

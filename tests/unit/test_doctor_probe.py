@@ -14,13 +14,16 @@ from rayfleet.doctor import probe
 
 def test_probe_reads_every_part_of_this_machine():
     facts = probe.probe_node({"model_sources": [], "ports": []})
-    assert set(facts) == {"hostname", "versions", "gpus", "shm", "nccl", "disk", "models", "ports"}
+    assert set(facts) == {
+        "hostname", "versions", "gpus", "shm", "nccl", "disk", "models", "ports", "workers"
+    }  # fmt: skip
     assert not any(isinstance(v, dict) and "error" in v for v in facts.values())
     assert facts["versions"]["ray"]["version"] == __import__("ray").__version__
     assert facts["versions"]["python"]["version"] == ".".join(map(str, sys.version_info[:3]))
     assert facts["shm"]["total_bytes"] == shutil.disk_usage("/dev/shm").total
     assert "lo" in facts["nccl"]["interfaces"]
     assert facts["gpus"]["nvidia_smi"]["found"] == (shutil.which("nvidia-smi") is not None)
+    assert facts["workers"] == {"niceness": os.getpriority(os.PRIO_PROCESS, 0)}
 
 
 def test_a_stray_copy_on_pythonpath_reports_its_own_version(tmp_path):
