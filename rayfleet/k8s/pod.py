@@ -4,7 +4,9 @@ The fleet.yaml lives in a ConfigMap mounted read-only at ``CONFIG_DIR`` in the h
 the workers and the gateway, so every process reads the same file at ``CONFIG_PATH``.
 Ray pods also mount ``/dev/shm`` as memory (``shm_volume``) and, when the file has
 ``kubernetes.model_cache``, the model volume (``model_cache_volume``) with ``HF_HOME``
-on it.
+on it. Ray pods start Ray with its workers at niceness 0 (``RAY_WORKER_NICENESS``): at
+Ray's default of 15 a replica actor starting beside busy engines is starved (see
+rayfleet/cluster.py for the numbers).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
 RAY_CLIENT_PORT = 10001
 RAY_METRICS_PORT = 8080
 PART_OF = "rayfleet"
+RAY_WORKER_NICENESS = {"name": "RAY_worker_niceness", "value": "0"}
 
 Obj = dict[str, Any]
 
@@ -100,10 +103,10 @@ def model_cache_volume(cache: ModelCacheConfig) -> tuple[Obj, Obj]:
 def ray_volumes(k8s: KubernetesConfig, shm_gib: float) -> tuple[Obj, Obj]:
     """Volumes and container fields (mounts, env) shared by the head and worker pods."""
     pairs = [config_volume(k8s), shm_volume(shm_gib)]
-    container: Obj = {}
+    container: Obj = {"env": [dict(RAY_WORKER_NICENESS)]}
     if k8s.model_cache is not None:
         pairs.append(model_cache_volume(k8s.model_cache))
-        container["env"] = [{"name": "HF_HOME", "value": hf_home(k8s.model_cache)}]
+        container["env"].append({"name": "HF_HOME", "value": hf_home(k8s.model_cache)})
     container["volumeMounts"] = [m for _, m in pairs]
     return {"volumes": [v for v, _ in pairs]}, container
 

@@ -166,6 +166,21 @@ def test_ray_pods_mount_the_config_shm_and_model_cache():
         assert mounts == {"/dev/shm", "/models", "/etc/rayfleet"}
 
 
+@pytest.mark.parametrize("example", [None, "kubernetes-h100.yaml"], ids=str)
+def test_ray_pods_run_ray_workers_unniced(example):
+    rendered_objects = (
+        objects(render_fleet(parse_fleet(EVERY_OPTION), ""))
+        if example is None
+        else rendered(EXAMPLES / example)
+    )
+    [service] = [o for name, o in rendered_objects.items() if name.startswith("RayService/")]
+    cluster = service["spec"]["rayClusterConfig"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    for group in groups:
+        env = group["template"]["spec"]["containers"][0]["env"]
+        assert {"name": "RAY_worker_niceness", "value": "0"} in env
+
+
 def test_serve_config_builds_each_model_from_the_mounted_file():
     fleet = parse_fleet(EVERY_OPTION)
     service = objects(render_fleet(fleet, ""))["RayService/fleet"]
