@@ -14,7 +14,12 @@ the gateway at a concurrency stepped by phase:
     warm-up      1 in flight                       (1 replica)
     bare start   4 in flight on 1 replica held there (``rayfleet scale tiny 1``) while a
                  bare vLLM server starts beside the fleet; then ``scale tiny auto``
-    scale-up     4 in flight, until 2 serve; then 8 in flight, until 3 serve, held a while
+    scale-up     4 in flight, until 2 serve
+    bare start at 2
+                 8 in flight on 2 replicas held there (``rayfleet scale tiny 2``) while a
+                 bare vLLM server starts beside the fleet; then ``scale tiny auto``
+    scale-up to 3
+                 8 in flight, until 3 serve, held a while
     scale-in     1 in flight, until 1 serves and none drains
     apply        2 in flight while `rayfleet apply` changes max_model_len 1024 -> 1000
                  (blue/green), until only the new application's replica serves
@@ -26,10 +31,10 @@ replicas take CPU from the serving one. ``GET /rayfleet/status`` is read every s
 - time from the target's rise (the sample where it first reaches N) to N replicas
   serving, for 1 -> 2 and 2 -> 3, against a bare vLLM server's own start (one
   ``EngineProcess`` on the same model and arguments, start to ``wait_healthy``) under the
-  same load as the 1 -> 2 step (the "bare start" phase: the peer starts on the same
-  cores as the serving replica and its 4 streams, as the fleet's new replica does); the
-  idle machine's bare start, timed before the fleet starts and again after it stops, is
-  reported beside it;
+  same load as that step (the "bare start" phases: the peer starts on the same cores as
+  the serving replicas and their streams, as the fleet's new replica does: one replica
+  and 4 streams for 1 -> 2, two and 8 for 2 -> 3); the idle machine's bare start, timed
+  before the fleet starts and again after it stops, is reported beside it;
 - per phase: requests, failed requests, and streams that ended without their finish
   (a stream is finished when it reports all 64 tokens: ``usage.completion_tokens``,
   which vLLM sends after the chunk with the finish reason);
@@ -320,18 +325,24 @@ def run_phases(
         first_app = sampler.latest()["apps"][0]
         step("warm-up", 1)
         wait_for("3 warm-up requests", lambda: load.num_done("warm-up") >= 3)
+        loaded = run["bare_loaded_s"] = {}
         fleet.cli("scale", MODEL, "1")  # held at 1 while the peer starts under the same load
         step("bare start", 4)
         wait_for("4 requests at 4 in flight", lambda: load.num_done("bare start") >= 4)
-        run["bare_loaded_s"] = time_bare_start(model_dir)
-        print(f"bare vLLM start under load: {run['bare_loaded_s']:.1f}s", flush=True)
+        loaded["1 -> 2"] = time_bare_start(model_dir)
+        print(f"bare vLLM start under 1 -> 2's load: {loaded['1 -> 2']:.1f}s", flush=True)
         step("settle", 1)
         fleet.cli("scale", MODEL, "auto")
         wait_for("1 serving replica after the bare start", lambda: settled(sampler, 1))
         step("scale-up", 4)
         wait_for("2 serving replicas", lambda: settled(sampler, 2))
-        load.level = 8
-        marks.append(("8 in flight", time.perf_counter()))
+        fleet.cli("scale", MODEL, "2")  # held at 2 while the peer starts under 2 -> 3's load
+        step("bare start at 2", 8)
+        wait_for("4 requests at 8 in flight", lambda: load.num_done("bare start at 2") >= 4)
+        loaded["2 -> 3"] = time_bare_start(model_dir)
+        print(f"bare vLLM start under 2 -> 3's load: {loaded['2 -> 3']:.1f}s", flush=True)
+        fleet.cli("scale", MODEL, "auto")
+        step("scale-up to 3", 8)
         wait_for("3 serving replicas", lambda: settled(sampler, 3))
         held = time.monotonic() + hold_s
         wait_for("the hold at 3", lambda: time.monotonic() >= held)
