@@ -1,7 +1,8 @@
 """Replica routing on real vLLM: least_load, round_robin and prefix, side by side.
 
     flock /tmp/rayfleet-heavy.lock .venv/bin/python benchmarks/routing_vllm.py \\
-        [--rounds 2] [--rate 4] [--round-s 40] [--out docs/results/routing-vllm]
+        [--rounds 2] [--rate 4] [--round-s 40] [--system-tokens 768] \\
+        [--out docs/results/routing-vllm]
 
 Two vLLM servers of the tiny model (the CPU build here), prefix caching on, blocks of
 ``BLOCK_SIZE`` tokens, the KV cache capped with ``num_gpu_blocks_override`` so that each
@@ -13,8 +14,10 @@ process with the round's policy in front of the two URLs (sim_gateway.py, the sa
 ``Gateway`` rayfleet serves), and sends the workload through it with ``rayfleet bench``'s
 runner at a Poisson rate; rounds alternate the order of the policies. Workloads
 (rayfleet.bench.workloads, exact token lengths with the tiny model's tokenizer):
-shared-prefix (``GROUPS`` groups x ``PROMPTS_PER_GROUP`` questions, ``SYSTEM_LEN`` /
+shared-prefix (``GROUPS`` groups x ``PROMPTS_PER_GROUP`` questions, ``--system-tokens`` /
 ``QUESTION_LEN`` / ``OUTPUT_LEN`` tokens, in a random order) and no-reuse (the control).
+The servers' ``max_model_len`` is the power of two that holds one whole prompt and its
+output; the tiny model's positions stop at ``MAX_POSITIONS``.
 
 Per policy: the realised hit rate (the increase of vLLM's own ``prefix_cache_hits`` over
 ``prefix_cache_queries`` on both servers during the round; for prefix, beside it in each
@@ -53,26 +56,43 @@ MODEL = "tiny"
 POLICIES = ("least_load", "round_robin", "prefix")
 SCENARIOS = ("shared-prefix", "no-reuse")
 BLOCK_SIZE = 32
-SYSTEM_LEN, QUESTION_LEN, OUTPUT_LEN = 768, 32, 16
+SYSTEM_LEN, QUESTION_LEN, OUTPUT_LEN = 768, 32, 16  # the system prompt's by default
 GROUPS, PROMPTS_PER_GROUP = 8, 8
+MAX_POSITIONS = 2048  # the tiny model's max_position_embeddings
 ENGINE_ARGS = {
     "enforce_eager": True,
-    "max_model_len": 1024,
     "dtype": "float32",
     "enable_prefix_caching": True,
     "block_size": BLOCK_SIZE,
 }
 
 
-def kv_blocks(kv_fraction: float) -> int:
-    """Blocks per server: ``kv_fraction`` of the system prompts, and room for one whole
-    context (vLLM refuses fewer blocks than max_model_len needs)."""
-    shared = GROUPS * SYSTEM_LEN / BLOCK_SIZE
-    return max(math.ceil(kv_fraction * shared), ENGINE_ARGS["max_model_len"] // BLOCK_SIZE)
+def engine_args(system_len: int, kv_fraction: float) -> dict[str, object]:
+    """The servers' arguments: a context that holds one whole prompt and its output, and
+    KV blocks for ``kv_fraction`` of the system prompts, or one whole context if that is
+    more (vLLM refuses fewer blocks than max_model_len needs)."""
+    max_model_len = 1 << (system_len + QUESTION_LEN + OUTPUT_LEN - 1).bit_length()
+    shared = GROUPS * system_len / BLOCK_SIZE
+    blocks = max(math.ceil(kv_fraction * shared), max_model_len // BLOCK_SIZE)
+    return {**ENGINE_ARGS, "max_model_len": max_model_len, "num_gpu_blocks_override": blocks}
 
 
-def workload(name: str, num_prompts: int, tokenizer: object, seed: int) -> list[Prompt]:
-    shape = WorkloadShape(GROUPS, PROMPTS_PER_GROUP, SYSTEM_LEN, QUESTION_LEN, OUTPUT_LEN)
+def workload_shape(system_len: int) -> WorkloadShape:
+    return WorkloadShape(GROUPS, PROMPTS_PER_GROUP, system_len, QUESTION_LEN, OUTPUT_LEN)
+
+
+def system_tokens(text: str) -> int:
+    """``--system-tokens``: a prompt and its output must fit the tiny model's positions."""
+    value = int(text)
+    if not 1 <= value <= MAX_POSITIONS - QUESTION_LEN - OUTPUT_LEN:
+        limit = MAX_POSITIONS - QUESTION_LEN - OUTPUT_LEN
+        raise argparse.ArgumentTypeError(f"must be 1 to {limit} (the tiny model's context)")
+    return value
+
+
+def workload(
+    name: str, num_prompts: int, tokenizer: object, seed: int, shape: WorkloadShape
+) -> list[Prompt]:
     spec = DatasetSpec(name=name, num_prompts=num_prompts, seed=seed, workload=shape)
     return make_workload(spec, tokenizer)  # type: ignore[arg-type]
 
@@ -159,6 +179,12 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=4.0, help="requests/s (Poisson)")
     parser.add_argument("--round-s", type=float, default=40.0, help="seconds of requests a round")
     parser.add_argument("--kv-fraction", type=float, default=0.6)
+    parser.add_argument(
+        "--system-tokens",
+        type=system_tokens,
+        default=SYSTEM_LEN,
+        help="tokens of each group's system prompt (SGLang's published setting is 2,048)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--policies",
@@ -171,13 +197,13 @@ def main() -> None:
 
     model = str(make_tiny())
     tokenizer = load_tokenizer(model)
-    engine_args = {**ENGINE_ARGS, "num_gpu_blocks_override": kv_blocks(args.kv_fraction)}
+    shape = workload_shape(args.system_tokens)
+    arguments = engine_args(args.system_tokens, args.kv_fraction)
     num_prompts = int(args.rate * args.round_s)
     policies = args.policies
     results: dict[str, dict[str, list[dict]]] = {s: {p: [] for p in policies} for s in SCENARIOS}
     engines = [
-        EngineProcess(model, MODEL, engine_args, env={"VLLM_SERVER_DEV_MODE": "1"})
-        for _ in range(2)
+        EngineProcess(model, MODEL, arguments, env={"VLLM_SERVER_DEV_MODE": "1"}) for _ in range(2)
     ]
     try:
         for engine in engines:
@@ -187,7 +213,7 @@ def main() -> None:
         urls = [engine.url for engine in engines]
         for round_ in range(args.rounds):
             for scenario in SCENARIOS:
-                prompts = workload(scenario, num_prompts, tokenizer, args.seed + round_)
+                prompts = workload(scenario, num_prompts, tokenizer, args.seed + round_, shape)
                 order = policies if round_ % 2 == 0 else policies[::-1]
                 for policy in order:
                     row = run_round(urls, policy, prompts, args.rate, args.seed + round_)
@@ -199,10 +225,8 @@ def main() -> None:
             engine.stop()
     report = {
         "fleets": {2: results},
-        "engine_args": engine_args,
-        "workload": dataclasses.asdict(
-            WorkloadShape(GROUPS, PROMPTS_PER_GROUP, SYSTEM_LEN, QUESTION_LEN, OUTPUT_LEN)
-        ),
+        "engine_args": arguments,
+        "workload": dataclasses.asdict(shape),
         "rate": args.rate,
         "round_s": args.round_s,
         "rounds": args.rounds,
