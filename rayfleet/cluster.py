@@ -15,8 +15,8 @@ Serve and rayfleet) got a sliver of the CPU beside engines already serving at ni
 and a scale-up waited on it. Measured on 2 cores with two busy niceness-0 processes: an
 actor importing the replica module started in 51-55 s at 15, 3.0-4.5 s at 0
 (benchmarks/actor_start.py). A cluster that ``ray start`` runs keeps what its nodes were
-started with; ``rayfleet doctor`` warns about a node whose workers are niced, with the fix
-(``RAY_worker_niceness=0 ray start ...``).
+started with; ``rayfleet up`` (``niced_workers``) and ``rayfleet doctor`` warn about a node
+whose workers are niced, with the fix (``RAY_worker_niceness=0 ray start ...``).
 
 When there is no cluster at the address, the error is one line that names the address,
 says how to start a cluster, and ends with the caller's ``hint`` (the fix in that
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -39,6 +40,7 @@ AUTO = "auto"
 REACHABLE_TIMEOUT_S = 5.0
 CLIENT_ATTEMPTS = 3  # Ray client connections (see _join)
 WORKER_NICENESS = 0  # a local Ray's workers, replica actors among them (see above)
+NICENESS_TIMEOUT_S = 60.0  # niced_workers: a node's answer later than this is left out
 
 
 def connect(
@@ -138,6 +140,55 @@ def node_resources() -> list[dict[str, Any]]:
         for node in ray_nodes()
         if node.get("Alive")
     ]
+
+
+def niced_workers(timeout_s: float = NICENESS_TIMEOUT_S) -> dict[str, tuple[str, int]]:
+    """The alive nodes whose Ray workers run niced, as ``{node_id: (ip, niceness)}``: one
+    task of no CPU pinned to each node reads its own worker's niceness. A node that has not
+    answered within ``timeout_s`` (busy, or gone) is left out, not guessed."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+
+    task = ray.remote(num_cpus=0, max_retries=0)(niceness)
+    nodes = {n["NodeID"]: n.get("NodeManagerAddress", "") for n in ray_nodes() if n.get("Alive")}
+    refs = {
+        task.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+        ).remote(): node
+        for node in nodes
+    }
+    done, late = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    for ref in late:
+        ray.cancel(ref, force=True)
+    niced = {}
+    for ref in done:
+        with contextlib.suppress(ray.exceptions.RayError):
+            value = ray.get(ref)
+            if value > 0:
+                niced[refs[ref]] = (nodes[refs[ref]], value)
+    return niced
+
+
+def niced_warning(timeout_s: float = NICENESS_TIMEOUT_S) -> str | None:
+    """One line naming the nodes whose workers run niced, with the fix; None when none
+    does, or when the check itself failed (it must not stop what asked)."""
+    import ray
+
+    try:
+        niced = niced_workers(timeout_s)
+    except ray.exceptions.RayError:
+        return None
+    if not niced:
+        return None
+    where = ", ".join(f"{ip} (node {node[:8]}) at {value}" for node, (ip, value) in niced.items())
+    return (
+        f"warning: Ray workers run niced on {where}: a replica actor starting there beside "
+        "busy engines waits for the CPU (a scale-up took minutes on 2 cores); start Ray on "
+        "those nodes with `RAY_worker_niceness=0 ray start ...`"
+    )
 
 
 def no_cluster(address: str, reason: str, hint: str) -> str:

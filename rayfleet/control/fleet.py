@@ -5,7 +5,8 @@
 it returns when the fleet has been stopped (SIGINT or SIGTERM) and everything it
 started is gone. It keeps the run-state file (rayfleet/control/state.py) current::
 
-    connect_ray          embedded local Ray, or join 'auto' / 'ray://...'
+    connect_ray          embedded local Ray, or join 'auto' / 'ray://...'; on a joined
+                         cluster, a warning for nodes whose Ray workers run niced
     refuse_unplaceable   a replica shape the cluster cannot hold even idle fails now
     deploy               Serve without its HTTP proxy (the gateway is the ingress),
                          the FleetRegistry, then every model's application at once,
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayfleet._home import rayfleet_home
+from rayfleet.cluster import niced_warning
 from rayfleet.config import FleetConfig
 from rayfleet.control.apply import ApplyResult
 from rayfleet.control.deploy import (
@@ -89,6 +91,7 @@ class FleetProcess:
         self.engine_pids: set[int] = set()
         self.node_ip = ""  # this machine's address in the Ray cluster
         self.registry: ActorHandle[Any] | None = None  # keeps the registry actor alive
+        self.niced_check: asyncio.Task[None] | None = None  # on a joined cluster
         self.scaler: FleetScaler  # made with the gateway it reads
         self.gateway: Gateway
         self.apps = {m.name: m.name for m in config.models}  # model -> Serve application
@@ -133,6 +136,8 @@ class FleetProcess:
             self.say(f"starting Ray ({self.config.cluster.address})")
             await asyncio.to_thread(connect_ray, self.config)
             self.node_ip = await asyncio.to_thread(_this_node_ip)
+            if self.config.cluster.address != "local":  # `ray start`'s nodes: their niceness
+                self.niced_check = asyncio.create_task(self._warn_niced_workers())
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
             gateway = self._gateway()
@@ -187,6 +192,13 @@ class FleetProcess:
             await asyncio.to_thread(self._shutdown)
             close_access_log(access)
             clear_state()
+
+    async def _warn_niced_workers(self) -> None:
+        """Say which nodes run Ray's workers niced, in the background: a node answers
+        when it has a worker started for the check."""
+        line = await asyncio.to_thread(niced_warning)
+        if line:
+            self.say(line)
 
     async def _start_replicas(self) -> None:
         """Deploy every model at its starting count, keeping the registry's handle."""

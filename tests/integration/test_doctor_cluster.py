@@ -21,6 +21,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+from rayfleet.cluster import connected, niced_warning, niced_workers
 from rayfleet.config import load_fleet
 from rayfleet.doctor.result import Status
 from rayfleet.doctor.runner import DoctorOptions, run_doctor
@@ -195,6 +196,18 @@ def test_niced_ray_workers_warn_on_their_node_only(faulty, faulty_report):
     for node in (faulty["head"], faulty["stray"]):
         [row] = rows(faulty_report, "worker niceness", node)
         assert (row.status, row.value) == (Status.OK, "Ray workers run at niceness 0")
+
+
+def test_up_names_the_nodes_whose_ray_workers_run_niced(faulty, faulty_report):
+    """What ``rayfleet up`` says on joining this cluster (rayfleet.cluster.niced_warning)."""
+    with connected(faulty["cluster"].address, hint="test"):
+        niced = niced_workers()
+        assert {node: value for node, (_ip, value) in niced.items()} == {faulty["bare"]: 15}
+        line = niced_warning()
+    assert line is not None
+    assert f"(node {faulty['bare'][:8]}) at 15" in line
+    assert "RAY_worker_niceness=0 ray start" in line
+    assert faulty["head"][:8] not in line and faulty["stray"][:8] not in line
 
 
 def test_busy_gateway_port_fails_on_the_head_only(faulty, faulty_report):
