@@ -31,6 +31,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -181,6 +182,7 @@ def _serve(
     max_in_flight: int | None,
 ) -> None:
     import uvloop
+    from loop_stalls import LoopStalls
 
     from rayfleet.config import RoutingConfig
     from rayfleet.gateway.app import Gateway
@@ -199,11 +201,18 @@ def _serve(
         policies = Policies.plain([model])
         policies.routing = {model: RoutingConfig(**routing_options(policy))}
         policies.max_in_flight = max_in_flight
-        runner = await start_gateway(Gateway([model], source, policies=policies), "127.0.0.1", 0)
+        # The replicas' /metrics read every this many seconds; 0: never (default 5).
+        period = float(os.environ.get("RAYFLEET_BENCH_REPLICA_METRICS_S", "5")) or None
+        gateway = Gateway([model], source, policies=policies, replica_metrics_period_s=period)
+        runner = await start_gateway(gateway, "127.0.0.1", 0)
+        stalls_path = os.environ.get("RAYFLEET_BENCH_STALLS")  # benchmarks/loop_stalls.py
+        stalls = LoopStalls.install(gateway) if stalls_path else None
         print(runner.addresses[0][1], flush=True)
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         await stop.wait()
+        if stalls is not None:
+            stalls.write(Path(f"{stalls_path}.{os.getpid()}.json"))
         await runner.cleanup()
 
     policy, asked = without_workers(policy)
