@@ -49,6 +49,7 @@ class Inside:
         self.now = 0
         self.most = 0
         self.total = 0
+        self.starts: list[float] = []  # time.monotonic() of each read's arrival
 
 
 class FakeReplica:
@@ -65,6 +66,7 @@ class FakeReplica:
     async def metrics(self, _request: web.Request) -> web.Response:
         self.inside.now += 1
         self.inside.total += 1
+        self.inside.starts.append(time.monotonic())
         self.inside.most = max(self.inside.most, self.inside.now)
         try:
             await asyncio.sleep(0.05)  # long enough for concurrent reads to overlap
@@ -199,6 +201,33 @@ def test_reads_are_bounded_in_number_and_time():
             seen = samples(generate_latest(registry).decode())
             assert seen[("rayfleet_replica_up", "tiny", "r0")] == 0.0
             assert all(seen[("rayfleet_replica_up", "tiny", f"r{i}")] == 1.0 for i in range(1, 6))
+        finally:
+            for replica in replicas:
+                await replica.stop()
+
+    asyncio.run(main())
+
+
+def test_a_round_spreads_its_reads_over_the_time_given():
+    """A round of reads at once stalled the gateway's loop (64 replicas: 30-66 ms), so
+    ``run`` spreads each round's starts over its period."""
+
+    async def main() -> None:
+        inside = Inside()
+        replicas = [await FakeReplica(inside=inside).start() for _ in range(4)]
+        replica_set = ReplicaSet(["tiny"])
+        replica_set.update([entry(f"r{i}", "tiny", r.url) for i, r in enumerate(replicas)])
+        registry = CollectorRegistry()
+        gauges = ReplicaGauges(replica_set, registry)
+        try:
+            async with aiohttp.ClientSession() as session:
+                await gauges.scrape_once(session, spread_s=0.8)
+            starts = sorted(inside.starts)
+            assert len(starts) == 4
+            # The 4th read starts 3/4 of the spread after the first, never sooner.
+            assert starts[-1] - starts[0] >= 0.6 - 0.01, starts
+            seen = samples(generate_latest(registry).decode())
+            assert all(seen[("rayfleet_replica_up", "tiny", f"r{i}")] == 1.0 for i in range(4))
         finally:
             for replica in replicas:
                 await replica.stop()
