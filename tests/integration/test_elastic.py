@@ -1,6 +1,7 @@
 """An elastic fleet, for real: load scales the tiny model 1 -> 2 -> 1, a scale-in under
-load cuts no stream, a model at zero replicas serves its first request, and `rayfleet
-apply` changes engine arguments blue/green under load with no request lost."""
+load cuts no stream, a model at zero replicas serves its first request, `rayfleet apply`
+of a replica count restarts no replica, and `rayfleet apply` changes engine arguments
+blue/green under load with no request lost."""
 
 from __future__ import annotations
 
@@ -112,6 +113,26 @@ def test_a_model_at_zero_serves_its_first_request(fleet):
     scaled_up = 'rayfleet_scale_events_total{direction="up",model="zero",reason="request"} 1.0'
     assert scaled_up in metrics_text(fleet)
     wait_settled(fleet, "zero", 0)  # idle again: back to zero
+
+
+def test_apply_of_a_replica_count_restarts_no_replica(fleet):
+    """`rayfleet apply` of the fleet's file with a fixed 2 replicas for the model, then of
+    the file itself again: a second replica comes, then goes; the first one's vLLM
+    process serves throughout."""
+    (first,) = wait_settled(fleet, "tiny", 1)
+    config = yaml.safe_load(fleet.config_path.read_text())
+    tiny = config["models"][0]
+    del tiny["autoscaling"]
+    tiny["replicas"] = 2
+    two_file = fleet.home / "two.yaml"
+    two_file.write_text(yaml.safe_dump(config))
+    out = fleet.cli("apply", "-c", str(two_file), timeout_s=SCALE_TIMEOUT_S).stdout
+    assert "~ model 'tiny': scaled (" in out and "no replica restarts" in out, out
+    two = wait_settled(fleet, "tiny", 2)
+    assert first["pid"] in {r["pid"] for r in two}
+    fleet.cli("apply", "-c", str(fleet.config_path), timeout_s=SCALE_TIMEOUT_S)
+    (left,) = wait_settled(fleet, "tiny", 1)  # autoscaled again, and idle: back to 1
+    assert left["pid"] in {r["pid"] for r in two}
 
 
 def test_apply_dry_run_prints_the_diff_and_changes_nothing(fleet):
