@@ -196,7 +196,11 @@ class FleetProcess:
     async def _warn_niced_workers(self) -> None:
         """Say which nodes run Ray's workers niced, in the background: a node answers
         when it has a worker started for the check."""
-        line = await asyncio.to_thread(niced_warning)
+        try:
+            line = await asyncio.to_thread(niced_warning)
+        except (RuntimeError, ConnectionError, OSError) as exc:  # Ray stopping under it
+            log.debug("worker niceness check failed: %s", exc)
+            return
         if line:
             self.say(line)
 
