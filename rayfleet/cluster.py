@@ -8,6 +8,7 @@ differs between them::
     connect(address, hint="...", namespace=..., num_cpus=...)   # the fleet process
     with connected(address, hint="..."):                        # doctor, plan --from-cluster
         ray_nodes(), node_resources()                           # what the cluster has, free
+    on_each_node(fn, node_ids, timeout_s)                       # a pinned task on each node
 
 A local Ray runs its workers at niceness 0 (``WORKER_NICENESS``), not Ray's default of 15.
 A replica actor is such a worker: at niceness 15, its start (a new process importing Ray,
@@ -30,7 +31,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from rayfleet.errors import RayfleetError
@@ -142,34 +143,48 @@ def node_resources() -> list[dict[str, Any]]:
     ]
 
 
-def niced_workers(timeout_s: float = NICENESS_TIMEOUT_S) -> dict[str, tuple[str, int]]:
-    """The alive nodes whose Ray workers run niced, as ``{node_id: (ip, niceness)}``: one
-    task of no CPU pinned to each node reads its own worker's niceness. A node that has not
-    answered within ``timeout_s`` (busy, or gone) is left out, not guessed."""
+def on_each_node(
+    fn: Callable[..., Any], nodes: Iterable[str], timeout_s: float, *args: Any
+) -> tuple[dict[str, Any], dict[str, Exception], list[str]]:
+    """``fn(*args)`` in a task of no CPU pinned to each of ``nodes`` (Ray node ids), run at
+    once; ``(results, failures, late)`` by node id. A task not done within ``timeout_s``
+    is cancelled and its node listed as late."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    def niceness() -> int:
-        return os.getpriority(os.PRIO_PROCESS, 0)
-
-    task = ray.remote(num_cpus=0, max_retries=0)(niceness)
-    nodes = {n["NodeID"]: n.get("NodeManagerAddress", "") for n in ray_nodes() if n.get("Alive")}
-    refs = {
+    task = ray.remote(num_cpus=0, max_retries=0)(fn)
+    pending: dict[Any, str] = {
         task.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
-        ).remote(): node
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+        ).remote(*args): node
         for node in nodes
     }
-    done, late = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    if not pending:
+        return {}, {}, []
+    done, late = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
     for ref in late:
         ray.cancel(ref, force=True)
-    niced = {}
+    results: dict[str, Any] = {}
+    failures: dict[str, Exception] = {}
     for ref in done:
-        with contextlib.suppress(ray.exceptions.RayError):
-            value = ray.get(ref)
-            if value > 0:
-                niced[refs[ref]] = (nodes[refs[ref]], value)
-    return niced
+        try:
+            results[pending[ref]] = ray.get(ref)
+        except Exception as exc:  # noqa: BLE001 - one node's failure must not hide the others
+            failures[pending[ref]] = exc
+    return results, failures, [pending[ref] for ref in late]
+
+
+def niced_workers(timeout_s: float = NICENESS_TIMEOUT_S) -> dict[str, tuple[str, int]]:
+    """The alive nodes whose Ray workers run niced, as ``{node_id: (ip, niceness)}``: one
+    task pinned to each node reads its own worker's niceness. A node that has not answered
+    within ``timeout_s`` (busy, or gone) or whose task failed is left out, not guessed."""
+    nodes = {n["NodeID"]: n.get("NodeManagerAddress", "") for n in ray_nodes() if n.get("Alive")}
+    values, _failed, _late = on_each_node(_niceness, nodes, timeout_s)
+    return {node: (nodes[node], value) for node, value in values.items() if value > 0}
+
+
+def _niceness() -> int:
+    return os.getpriority(os.PRIO_PROCESS, 0)
 
 
 def niced_warning(timeout_s: float = NICENESS_TIMEOUT_S) -> str | None:

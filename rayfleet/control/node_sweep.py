@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 log = logging.getLogger("rayfleet.control")
 
@@ -32,30 +31,17 @@ def sweep_other_nodes(pid_dir: Path, timeout_s: float = SWEEP_TIMEOUT_S) -> dict
     this process's; returns the groups stopped, by node id. A node that does not answer
     within ``timeout_s`` is logged and left (``rayfleet down`` must not hang on it)."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from rayfleet.cluster import on_each_node
 
     here = ray.get_runtime_context().get_node_id()
     nodes = ray.nodes()  # type: ignore[no-untyped-call]
     others = [n["NodeID"] for n in nodes if n.get("Alive") and n["NodeID"] != here]
-    if not others:
-        return {}
-    sweep = ray.remote(num_cpus=0, max_retries=0)(_stop_recorded)
-    pending: dict[Any, str] = {
-        sweep.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)
-        ).remote(str(pid_dir)): node
-        for node in others
-    }
-    ready, late = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
-    for ref in late:
-        log.warning("node %s did not sweep its engine records in %g s", pending[ref], timeout_s)
-        ray.cancel(ref, force=True)
-    stopped: dict[str, list[int]] = {}
-    for ref in ready:
-        try:
-            stopped[pending[ref]] = ray.get(ref)
-        except Exception as exc:  # noqa: BLE001 - one node's failure must not stop the others
-            log.warning("node %s could not sweep its engine records: %s", pending[ref], exc)
+    stopped, failed, late = on_each_node(_stop_recorded, others, timeout_s, str(pid_dir))
+    for node in late:
+        log.warning("node %s did not sweep its engine records in %g s", node, timeout_s)
+    for node, exc in failed.items():
+        log.warning("node %s could not sweep its engine records: %s", node, exc)
     return stopped
 
 
