@@ -83,9 +83,8 @@ def workload_shape(system_len: int) -> WorkloadShape:
 
 def system_tokens(text: str) -> int:
     """``--system-tokens``: a prompt and its output must fit the tiny model's positions."""
-    value = int(text)
-    if not 1 <= value <= MAX_POSITIONS - QUESTION_LEN - OUTPUT_LEN:
-        limit = MAX_POSITIONS - QUESTION_LEN - OUTPUT_LEN
+    value, limit = int(text), MAX_POSITIONS - QUESTION_LEN - OUTPUT_LEN
+    if not 1 <= value <= limit:
         raise argparse.ArgumentTypeError(f"must be 1 to {limit} (the tiny model's context)")
     return value
 

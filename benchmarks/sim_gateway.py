@@ -187,6 +187,7 @@ def _serve(
     from rayfleet.config import RoutingConfig
     from rayfleet.gateway.app import Gateway
     from rayfleet.gateway.policies import Policies
+    from rayfleet.gateway.replica_gauges import PERIOD_S
     from rayfleet.gateway.server import start_gateway
 
     entries = [
@@ -201,8 +202,8 @@ def _serve(
         policies = Policies.plain([model])
         policies.routing = {model: RoutingConfig(**routing_options(policy))}
         policies.max_in_flight = max_in_flight
-        # The replicas' /metrics read every this many seconds; 0: never (default 5).
-        period = float(os.environ.get("RAYFLEET_BENCH_REPLICA_METRICS_S", "5")) or None
+        # The replicas' /metrics read every this many seconds; 0: never.
+        period = float(os.environ.get("RAYFLEET_BENCH_REPLICA_METRICS_S", PERIOD_S)) or None
         gateway = Gateway([model], source, policies=policies, replica_metrics_period_s=period)
         runner = await start_gateway(gateway, "127.0.0.1", 0)
         stalls_path = os.environ.get("RAYFLEET_BENCH_STALLS")  # benchmarks/loop_stalls.py
