@@ -12,7 +12,8 @@ held counts are in reach of this process, and windows need a clock tests can mov
     await scaler.run()                   every period, for every model:
         bounds = windows.bounds_at(model, clock.now())
         fixed models (replicas:) or `rayfleet scale`: target = the count within bounds
-        autoscaled models: loads = load_signal.fetch_load(each serving replica)
+        autoscaled models: loads = load_signal.fetch_load(each serving replica),
+                                   the reads spread over half the period
                            Autoscaler.decide(now, bounds, target, loads,
                                              gateway in flight, gateway held)
         a new target -> set_target(model, n) (Serve), a scale event counted
@@ -46,7 +47,7 @@ from ray.exceptions import RayError
 
 from rayfleet.config import FleetConfig, ModelConfig
 from rayfleet.control.autoscaler import Autoscaler
-from rayfleet.control.load_signal import EngineLoad, LoadUnavailable, fetch_load
+from rayfleet.control.load_signal import EngineLoad, LoadUnavailable, fetch_load, read_spread
 from rayfleet.control.windows import Bounds, bounds_at
 
 if TYPE_CHECKING:
@@ -120,6 +121,7 @@ class FleetScaler:
         # Where several gateways serve one fleet, only the one ``leads`` says scales.
         self.leads: Callable[[], Awaitable[bool]] | None = None
         self.leading = True
+        self.spread_s = SCALE_PERIOD_S / 2  # a model's /metrics reads start over this long
         self.windows: dict[str, str | None] = {}
         self.decisions: dict[str, str] = {}
         self.scalers = {
@@ -145,6 +147,7 @@ class FleetScaler:
         return any(m.autoscaling or m.schedules for m in self.config.models)
 
     async def run(self, period_s: float = SCALE_PERIOD_S) -> None:
+        self.spread_s = period_s / 2
         async with aiohttp.ClientSession() as session:
             while True:
                 self.leading = await self._leading()
@@ -229,12 +232,15 @@ class FleetScaler:
     async def _loads(self, model: str, session: aiohttp.ClientSession) -> list[EngineLoad]:
         replicas = [r for r in self.gateway.replica_set.replicas(model) if not r.draining]
 
-        async def one(url: str) -> EngineLoad | None:
-            with contextlib.suppress(LoadUnavailable, aiohttp.ClientError, TimeoutError):
-                return await fetch_load(session, url, LOAD_TIMEOUT_S)
-            return None
+        def reader(url: str) -> Callable[[], Awaitable[EngineLoad | None]]:
+            async def read() -> EngineLoad | None:
+                with contextlib.suppress(LoadUnavailable, aiohttp.ClientError, TimeoutError):
+                    return await fetch_load(session, url, LOAD_TIMEOUT_S)
+                return None
 
-        loads = await asyncio.gather(*(one(r.url) for r in replicas))
+            return read
+
+        loads = await read_spread([reader(r.url) for r in replicas], self.spread_s)
         return [load for load in loads if load is not None]
 
     def _bounds(self, model: ModelConfig) -> Bounds:

@@ -42,13 +42,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import aiohttp
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from rayfleet.control.load_signal import EngineStats, LoadUnavailable, fetch_stats
+from rayfleet.control.load_signal import EngineStats, LoadUnavailable, fetch_stats, read_spread
 from rayfleet.gateway.replicas import Replica, ReplicaSet
 
 log = logging.getLogger("rayfleet.gateway")
@@ -104,19 +104,19 @@ class ReplicaGauges:
         forget those that left."""
         replicas = self.replica_set.replicas()
         gate = asyncio.Semaphore(self.max_concurrent)
-        step_s = spread_s / max(len(replicas), 1)
 
-        async def read(n: int, replica: Replica) -> EngineStats | None:
-            if n:
-                await asyncio.sleep(n * step_s)
-            async with gate:
-                reading = await self._read(session, replica)
-            self.readings[(replica.model, replica.replica_id)] = reading  # shown at once
-            if reading is not None and self.on_stats is not None:
-                self.on_stats(replica, reading)
-            return reading
+        def reader(replica: Replica) -> Callable[[], Awaitable[EngineStats | None]]:
+            async def read() -> EngineStats | None:
+                async with gate:
+                    reading = await self._read(session, replica)
+                self.readings[(replica.model, replica.replica_id)] = reading  # shown at once
+                if reading is not None and self.on_stats is not None:
+                    self.on_stats(replica, reading)
+                return reading
 
-        stats = await asyncio.gather(*(read(n, r) for n, r in enumerate(replicas)))
+            return read
+
+        stats = await read_spread([reader(r) for r in replicas], spread_s)
         self.readings = {(r.model, r.replica_id): s for r, s in zip(replicas, stats, strict=True)}
         self._logged &= set(self.readings)
 

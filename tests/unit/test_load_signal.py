@@ -20,6 +20,7 @@ from rayfleet.control.load_signal import (
     fetch_load,
     parse_engine_load,
     parse_engine_stats,
+    read_spread,
 )
 
 METRICS = (Path(__file__).parent / "data" / "vllm_metrics.txt").read_text()
@@ -181,3 +182,24 @@ def test_the_start_time_is_the_servers_process_start_time():
     assert parse_engine_stats(METRICS).start_time == 1.79605935853e09
     unsaid = METRICS.replace("process_start_time_seconds ", "other_seconds ")
     assert parse_engine_stats(unsaid).start_time is None
+
+
+def test_read_spread_starts_the_reads_over_the_time_given_and_keeps_their_order():
+    async def main() -> list[tuple[int, float]]:
+        loop = asyncio.get_running_loop()
+        first = loop.time()
+
+        def reader(n: int):
+            async def read() -> tuple[int, float]:
+                return n, loop.time() - first
+
+            return read
+
+        return await read_spread([reader(n) for n in range(4)], over_s=0.4)
+
+    results = asyncio.run(main())
+    assert [n for n, _ in results] == [0, 1, 2, 3]
+    starts = [at for _, at in results]
+    # The n-th of 4 starts n/4 of the time after the first, never sooner.
+    assert all(at >= n * 0.1 - 0.005 for n, at in enumerate(starts)), starts
+    assert starts[0] < 0.1, starts
