@@ -11,7 +11,8 @@ the default policy) runs in a process of its own (sim_gateway.py); the load clie
 ``rayfleet bench``'s runner with ``--client-processes`` processes, sending Poisson
 arrivals of streamed completions of 16 tokens. On a machine of more than 2 cores each gets
 cores of its own: the gateway core 0, the simulator processes one core each after it, the
-client the rest (``os.sched_setaffinity``); on 2 cores they share, and the numbers are
+client the rest (``os.sched_setaffinity``; where cores run two hardware threads, a gateway
+process's sibling thread is left idle: ``placement``); on 2 cores they share, and the numbers are
 indicative only. ``--workers N`` serves the port with gateway.workers' N processes
 (rayfleet/gateway/workers.py), cores 0 to N-1, one each; the CPU columns then add up
 every gateway process.
@@ -66,12 +67,39 @@ def placement(
     num_sims: int, num_workers: int = 1
 ) -> tuple[list[int] | None, list[int] | None, set[int] | None]:
     """(a core per gateway process, a core per simulator process, client cores), or Nones
-    when there are not cores enough for each to have its own and the client two."""
+    when there are not cores enough for each to have its own and the client two.
+
+    Where a physical core runs two hardware threads (SMT), each gateway process gets a
+    thread of a physical core of its own, and the other thread of that core is left idle:
+    two busy threads of one core each run well below one core's speed, and the gateway's
+    scaling over N processes would measure that."""
     cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < num_workers + num_sims + 2:
+    gateway: list[int] = []
+    idle: set[int] = set()
+    for core in cores:
+        if len(gateway) == num_workers:
+            break
+        if core not in idle:
+            gateway.append(core)
+            idle |= thread_siblings(core) & set(cores)
+    rest = [core for core in cores if core not in idle]
+    if len(gateway) < num_workers or len(rest) < num_sims + 2:
         return None, None, None
-    sims_from = num_workers + num_sims
-    return cores[:num_workers], cores[num_workers:sims_from], set(cores[sims_from:])
+    return gateway, rest[:num_sims], set(rest[num_sims:])
+
+
+def thread_siblings(core: int) -> set[int]:
+    """The hardware threads of ``core``'s physical core, itself included (Linux sysfs)."""
+    path = Path(f"/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list")
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return {core}
+    threads: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        threads.update(range(int(first), int(last or first) + 1))
+    return threads
 
 
 def run(

@@ -13,8 +13,9 @@ closed loop of ``--in-flight-per-worker`` x N streamed completions of 16 tokens 
 ``--duration-s``, and reads its throughput and CPU per request. Per round, each N's
 throughput is divided by the one-worker throughput of the same round; the table prints
 those ratios, their mean and N-scaling (ratio / N; the issue's goal is at least 0.9).
-Cores: the gateway processes get cores 0 to max(N)-1 (one each), the simulator processes
-the next ones, the client the rest, as in gateway_capacity.py.
+Cores: the gateway processes get the first max(N) cores (one each; with two hardware
+threads a core, a physical core each, its other thread idle), the simulator processes the
+next ones, the client the rest, as in gateway_capacity.py's ``placement``.
 """
 
 from __future__ import annotations
