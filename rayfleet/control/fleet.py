@@ -18,7 +18,7 @@ started is gone. It keeps the run-state file (rayfleet/control/state.py) current
     wait_until_ready     progress per model until each has all its replicas, or a
                          clear error when Serve reports a deployment failed or Ray
                          still holds a replica's placement group back at
-                         cluster.placement_timeout_s (rayfleet/control/scheduling.py)
+                         cluster.placement_timeout_s (rayfleet/control/readiness.py)
     scale                every second, each model's target replica count from its
                          load and windows (rayfleet/control/scaling.py), set in Serve
     ... serve until a signal ...
@@ -42,18 +42,13 @@ from rayfleet._home import rayfleet_home
 from rayfleet.cluster import niced_warning
 from rayfleet.config import FleetConfig
 from rayfleet.control.apply import ApplyResult
-from rayfleet.control.deploy import (
-    cluster_status,
-    connect_ray,
-    deploy,
-    failed_deployments,
-    set_replicas,
-)
+from rayfleet.control.deploy import cluster_status, connect_ray, deploy, set_replicas
 from rayfleet.control.engine import PID_DIR
 from rayfleet.control.node_sweep import sweep_other_nodes
 from rayfleet.control.process_groups import kill_process_group, kill_recorded_engines
+from rayfleet.control.readiness import wait_until_ready
 from rayfleet.control.scaling import Clock, FleetScaler
-from rayfleet.control.scheduling import refuse_unplaceable, stalled_placement
+from rayfleet.control.scheduling import refuse_unplaceable
 from rayfleet.control.state import RunState, clear_state
 from rayfleet.errors import RayfleetError
 
@@ -156,7 +151,9 @@ class FleetProcess:
                         f"gateway worker(s) {', '.join(map(str, missing))} did not start "
                         f"serving {host}:{port}; their errors are above"
                     )
-            ready = asyncio.create_task(self._wait_until_ready(gateway))
+            ready = asyncio.create_task(
+                wait_until_ready(self.config, gateway, self.scaler.targets, self.apps, self.say)
+            )
             stopped = asyncio.create_task(stop.wait())
             done, _ = await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
             if ready in done:
@@ -218,8 +215,7 @@ class FleetProcess:
         from rayfleet.gateway.app import Gateway
 
         config = self.config
-        elastic = [m.name for m in config.models if m.autoscaling or m.schedules]
-        hold_s = {name: config.gateway.request_timeout_s for name in elastic}
+        hold_s = _hold_s(config)
         routes = admin_routes(self)
         source: EntrySource = self._entries
         if config.gateway.workers > 1:
@@ -252,11 +248,7 @@ class FleetProcess:
         from rayfleet.gateway.policies import Policies
 
         policies = await asyncio.to_thread(Policies.from_fleet, config)
-        hold_s = {
-            m.name: config.gateway.request_timeout_s
-            for m in config.models
-            if m.autoscaling or m.schedules
-        }
+        hold_s = _hold_s(config)
         await self.gateway.reconfigure(models, policies, hold_s)
         if self.pool is not None:
             self.pool.reconfigure(config, hold_s)
@@ -303,37 +295,6 @@ class FleetProcess:
             self.state.save()
         return entries
 
-    async def _wait_until_ready(self, gateway: Gateway) -> None:
-        last = None
-        started = time.monotonic()
-        while True:
-            counts = {
-                m.name: (gateway.replica_set.num_healthy(m.name), self.scaler.targets[m.name])
-                for m in self.config.models
-            }
-            line = ", ".join(f"{name} {have}/{want}" for name, (have, want) in counts.items())
-            if line != last:
-                self.say(f"replicas ready: {line}")
-                last = line
-            if all(have >= want for have, want in counts.values()):
-                return
-            failed = await asyncio.to_thread(failed_deployments, self.config, self.apps)
-            if failed:
-                name, message = next(iter(failed.items()))
-                raise RayfleetError(f"model '{name}' failed to deploy: {_last_lines(message)}")
-            waited_s = time.monotonic() - started
-            if waited_s > self.config.cluster.placement_timeout_s:
-                await self._refuse_stalled(counts, waited_s)
-            await asyncio.sleep(1.0)
-
-    async def _refuse_stalled(self, counts: dict[str, tuple[int, int]], waited_s: float) -> None:
-        """Fail with the placement group's state when Ray still holds replicas back."""
-        for name, (have, want) in counts.items():
-            if have < want:
-                stalled = await asyncio.to_thread(stalled_placement, name, waited_s)
-                if stalled:
-                    raise RayfleetError(stalled)
-
     def _banner(self) -> None:
         url = self.state.gateway_url
         self.say(f"fleet ready: OpenAI-compatible API at {url}/v1")
@@ -372,6 +333,11 @@ def _this_node_ip() -> str:
     return address
 
 
-def _last_lines(message: str, num_lines: int = 12) -> str:
-    lines = [line for line in message.strip().splitlines() if line.strip()]
-    return "\n".join(lines[-num_lines:])
+def _hold_s(config: FleetConfig) -> dict[str, float]:
+    """How long the gateway holds a request for each elastic model while it has no
+    replica (scale from zero, a window, a replacement starting): the request's timeout."""
+    return {
+        m.name: config.gateway.request_timeout_s
+        for m in config.models
+        if m.autoscaling or m.schedules
+    }
