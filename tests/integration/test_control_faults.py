@@ -45,6 +45,7 @@ import subprocess
 import threading
 import time
 import urllib.request
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -276,6 +277,7 @@ def test_a_client_that_leaves_while_queued_is_dropped_before_it_runs(fleet):
     idle = lambda: engine_gauges(url, *ENGINE_LOAD) == [0.0, 0.0]  # noqa: E731
     assert wait_until(idle, 60), "the engine is busy"
     before = QueueCounts.read(url)
+    relayed_before = gateway_relayed(fleet)
 
     ahead = [open_stream(fleet, NUM_TOKENS_QUEUED, stream=False) for _ in range(NUM_AHEAD)]
     leaving: socket.socket | None = None
@@ -284,10 +286,12 @@ def test_a_client_that_leaves_while_queued_is_dropped_before_it_runs(fleet):
         # it reaches vLLM behind them (sent at once, it overtook some: CI, 13 finished
         # where 12 should have). The gateway answers its /metrics at once; vLLM's own,
         # read here before (slow while the engine runs), let the queue drain before the
-        # client left (CI, 21 finished where 20 should have).
-        assert wait_until(lambda: gateway_inflight(fleet) == NUM_AHEAD, 60), "not relayed"
-        leaving = open_stream(fleet, NUM_TOKENS_LEAVING)
-        head = response_head(leaving, timeout_s=60)  # vLLM started the stream: queued
+        # client left (CI, 21 finished where 20 should have). Relayed, not in flight: on
+        # a busy machine the first request ahead finished before a read saw all 20 in
+        # flight at once.
+        relayed = lambda: gateway_relayed(fleet) - relayed_before  # noqa: E731
+        assert wait_until(lambda: relayed() >= NUM_AHEAD, 60), f"{relayed()} relayed"
+        leaving, head = send_queued(fleet)  # vLLM started the stream: queued
         assert b" 200 " in head.split(b"\r\n", 1)[0], head
         pending = [sock for sock in ahead if not answered(sock)]
         leaving.close()  # it waits behind the others (max_num_seqs 1, first come first served)
@@ -310,24 +314,67 @@ def test_a_client_that_leaves_while_queued_is_dropped_before_it_runs(fleet):
     assert after.unfinished == before.unfinished, f"the one that left ran; {seen}"
 
 
+def send_queued(fleet: RunningFleet) -> tuple[socket.socket, bytes]:
+    """Send the request that will leave, and read its response's head: vLLM starts a
+    stream as it queues the request.
+
+    Once, in CI, the gateway closed such a connection without a byte, about 70 s after it
+    came, and neither its access log nor vLLM's shows the request: not explained yet, and
+    not seen again in runs of this module here. Then one more is sent, with a warning
+    holding what the gateway reported; the counts at the end still catch any request of
+    this shape that ran."""
+    sent = time.monotonic()
+    sock = open_stream(fleet, NUM_TOKENS_LEAVING)
+    head = response_head(sock, timeout_s=60, closed_ok=True)
+    if head:
+        return sock, head
+    sock.close()
+    warnings.warn(
+        f"the gateway closed a streamed completion without a byte "
+        f"{time.monotonic() - sent:.1f} s after it was sent; its in-flight count "
+        f"{gateway_inflight(fleet):g}; its access log ends: {access_log_tail(fleet)}",
+        stacklevel=1,
+    )
+    sock = open_stream(fleet, NUM_TOKENS_LEAVING)
+    return sock, response_head(sock, timeout_s=60)
+
+
+def access_log_tail(fleet: RunningFleet, lines: int = 3) -> list[str]:
+    logs = sorted((fleet.home / "logs").glob("*/access.log"))
+    return logs[-1].read_text().splitlines()[-lines:] if logs else []
+
+
 def gateway_inflight(fleet: RunningFleet) -> float:
     """Requests the gateway has in flight to replicas, from its own /metrics."""
+    return gateway_sums(fleet, "rayfleet_inflight_requests")
+
+
+def gateway_relayed(fleet: RunningFleet) -> float:
+    """Requests the gateway has sent to a replica and not lost to a client that left:
+    those in flight and those answered (a request is counted answered before it leaves
+    the in-flight count, with no wait between, so a read never sees it in both or in
+    neither)."""
+    return gateway_sums(fleet, "rayfleet_inflight_requests", "rayfleet_requests_total")
+
+
+def gateway_sums(fleet: RunningFleet, *names: str) -> float:
+    """The sum of the gateway's samples named ``names``, all labels, from its /metrics."""
     with urllib.request.urlopen(fleet.url + "/metrics", timeout=10) as response:
         families = text_string_to_metric_families(response.read().decode())
         return sum(
-            sample.value
-            for family in families
-            if family.name == "rayfleet_inflight_requests"
-            for sample in family.samples
+            sample.value for family in families for sample in family.samples if sample.name in names
         )
 
 
-def response_head(sock: socket.socket, timeout_s: float) -> bytes:
-    """The status line and headers of the response on ``sock``, read as they come."""
+def response_head(sock: socket.socket, timeout_s: float, closed_ok: bool = False) -> bytes:
+    """The status line and headers of the response on ``sock``, read as they come; b""
+    when ``closed_ok`` and the connection closed before its first byte."""
     sock.settimeout(timeout_s)
     data = b""
     while b"\r\n\r\n" not in data:
         piece = sock.recv(4096)
+        if not piece and not data and closed_ok:
+            return b""
         assert piece, f"the connection closed before the head: {data!r}"
         data += piece
     return data
