@@ -203,3 +203,29 @@ def test_read_spread_starts_the_reads_over_the_time_given_and_keeps_their_order(
     # The n-th of 4 starts n/4 of the time after the first, never sooner.
     assert all(at >= n * 0.1 - 0.005 for n, at in enumerate(starts)), starts
     assert starts[0] < 0.1, starts
+
+
+def test_every_sample_read_is_what_a_prometheus_parser_reads():
+    whole: dict[str, float] = {}
+    for family in text_string_to_metric_families(with_second_engine(METRICS)):
+        for sample in family.samples:
+            whole[sample.name] = whole.get(sample.name, 0.0) + sample.value
+    stats = parse_engine_stats(with_second_engine(METRICS))
+    assert stats.load.running == whole["vllm:num_requests_running"]
+    assert stats.load.waiting == whole["vllm:num_requests_waiting"]
+    assert stats.prefix_cache_hits == whole["vllm:prefix_cache_hits_total"]
+    assert stats.prefix_cache_queries == whole["vllm:prefix_cache_queries_total"]
+    assert stats.generation_tokens == whole["vllm:generation_tokens_total"]
+    assert stats.start_time == whole["process_start_time_seconds"]
+
+
+def test_labels_holding_braces_and_quotes_and_a_timestamp_are_read():
+    text = (
+        "# HELP vllm:num_requests_running Requests running.\n"
+        'vllm:num_requests_running{note="a } and a \\" inside",engine="0"} 2.0\n'
+        'vllm:num_requests_running{engine="1"} 3 1700000000000\r\n'
+        'vllm:num_requests_waiting{engine="0"} +Inf\n'
+        "vllm:kv_cache_usage_perc 0.25\n"
+    )
+    load = parse_engine_load(text)
+    assert (load.running, load.waiting, load.kv_cache_usage) == (5.0, float("inf"), 0.25)
