@@ -151,6 +151,8 @@ def status(
 def _print_status(report: dict[str, Any]) -> None:
     out = Console()
     out.print(f"fleet [bold]{report['phase']}[/] at {report['gateway_url']}/v1")
+    if report.get("status_error"):
+        out.print(f"[yellow]warning[/]: {report['status_error']}")
     nodes = Table("node", "ip", "alive", "CPUs", "GPUs", title="nodes")
     for n in report.get("nodes", []):
         nodes.add_row(

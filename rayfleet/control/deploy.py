@@ -11,6 +11,8 @@ delete_app(app)                           an app deleted; its replicas drain
 failed_deployments(config)                models whose app failed, with Serve's words
                                           (one line when a vLLM server failed to start)
 cluster_status()                          what `status` reads of Ray and Serve
+ClusterStatus(timeout_s).read()           the same, one read at a time, given up on
+                                          after timeout_s
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import asyncio
 import logging
 import math
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -170,3 +173,33 @@ async def cluster_status() -> dict[str, Any]:
         return {"nodes": nodes, "applications": apps}
 
     return await asyncio.to_thread(collect)
+
+
+class ClusterStatus:
+    """Ray's nodes and Serve's applications for ``/rayfleet/status``, without making the
+    status wait on them: while a node is lost or joining, or Serve's controller is busy,
+    they can take longer than `rayfleet status` waits (10 s), and the status is asked for
+    then most. A read not in after ``timeout_s`` gives ``status_error`` instead, and the
+    status answers with the rest; reads are one at a time, so a slow cluster is not asked
+    again by every status meanwhile (the read under way answers them)."""
+
+    def __init__(
+        self,
+        timeout_s: float = 5.0,
+        read: Callable[[], Awaitable[dict[str, Any]]] = cluster_status,
+    ):
+        self.timeout_s = timeout_s
+        self._read = read
+        self._pending: asyncio.Future[dict[str, Any]] | None = None
+
+    async def read(self) -> dict[str, Any]:
+        if self._pending is None or self._pending.done():
+            self._pending = asyncio.ensure_future(self._read())
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._pending), self.timeout_s)
+        except TimeoutError:
+            return {
+                "status_error": f"Ray and Serve did not report within {self.timeout_s:g} s "
+                "(a node lost or joining, or Serve's controller busy); the replicas are "
+                "as the gateway sees them"
+            }

@@ -42,7 +42,7 @@ from rayfleet._home import rayfleet_home
 from rayfleet.cluster import niced_warning
 from rayfleet.config import FleetConfig
 from rayfleet.control.apply import ApplyResult
-from rayfleet.control.deploy import cluster_status, connect_ray, deploy, set_replicas
+from rayfleet.control.deploy import ClusterStatus, connect_ray, deploy, set_replicas
 from rayfleet.control.engine import PID_DIR
 from rayfleet.control.node_sweep import sweep_other_nodes
 from rayfleet.control.process_groups import kill_process_group, kill_recorded_engines
@@ -93,6 +93,7 @@ class FleetProcess:
         self.generation = 0  # of blue/green applications
         self.apply_lock = asyncio.Lock()
         self.pool: WorkerPool | None = None  # gateway.workers above 1
+        self.cluster_status = ClusterStatus()  # Ray's and Serve's part of the status
         from rayfleet.gateway.policies import Policies
 
         # Key files and provider keys are read now, so a missing one fails before Ray starts.
@@ -270,7 +271,7 @@ class FleetProcess:
         )
 
     async def _status(self) -> dict[str, Any]:
-        status = await cluster_status()
+        status = await self.cluster_status.read()
         status["scaling"] = self.scaler.report()
         if self.pool is not None:
             status["gateway_workers"] = self.pool.report()
