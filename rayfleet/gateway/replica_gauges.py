@@ -32,10 +32,10 @@ joined appears at the next read; one whose read failed keeps only
 Reads run in a task of their own, never in a request's path: the fetch is asynchronous
 and parsing finds only the samples read (control/load_signal.py: 0.29 ms a replica on
 this machine, a seventh of the way before it), so a 5 s period over even 100 replicas
-takes under 1% of the event loop. They are spread over the period, not
-read at once: a round of 64 simulated replicas read together took 30-66 ms of the loop,
-requests waited behind it, and a gateway at 2,000 req/s had a TTFT p99 of 10.1 ms with
-it, 4.1 ms without (benchmarks/loop_stalls.py; README, "Gateway capacity").
+takes under 1% of the event loop. They are spread over the period, not read at once: a
+round of 64 simulated replicas read together took 30-66 ms of the loop, requests waited
+behind it, and a gateway at 2,000 req/s had a TTFT p99 of 10.1 ms with it, 4.1 ms
+without (benchmarks/loop_stalls.py; README, "Gateway capacity").
 """
 
 from __future__ import annotations
