@@ -7,8 +7,8 @@
     await fetch_stats(session, url, timeout_s) -> EngineStats   the same, for the gateway's
                                                                 republished gauges
     LoadUnavailable                                             no answer, or no gauges
-    await read_spread(reads, over_s) -> [result of each read]   many replicas read without
-                                                                a burst on the event loop
+    await read_spread(items, read, over_s) -> [read(item), ...]  many replicas read without
+                                                                 a burst on the event loop
 
 Three of vLLM's own gauges (vllm/v1/metrics/loggers.py, vLLM 0.32):
 ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` are summed over their
@@ -53,6 +53,7 @@ PROCESS_START = "process_start_time_seconds"  # the API server's, from prometheu
 _STATS = (*_GAUGES, PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES, GENERATION_TOKENS, PROCESS_START)
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class LoadUnavailable(Exception):
@@ -211,16 +212,19 @@ async def _metrics_text(session: aiohttp.ClientSession, url: str, timeout_s: flo
         raise LoadUnavailable(f"{url}/metrics: {type(exc).__name__} {exc}".rstrip()) from None
 
 
-async def read_spread(reads: Sequence[Callable[[], Awaitable[T]]], over_s: float) -> list[T]:
-    """Run ``reads`` concurrently, the ``n``-th of ``N`` started ``n / N * over_s`` after
-    the first; their results in order. Reading and parsing a replica's /metrics costs the
-    event loop about half a millisecond: 64 replicas read at once held a gateway's loop
-    for 30-66 ms, and the requests behind it waited (benchmarks/loop_stalls.py)."""
-    step_s = over_s / max(len(reads), 1)
+async def read_spread(
+    items: Sequence[T], read: Callable[[T], Awaitable[R]], over_s: float
+) -> list[R]:
+    """``read`` each of ``items`` concurrently, the ``n``-th of ``N`` started
+    ``n / N * over_s`` after the first; the results in order. Reading and parsing a
+    replica's /metrics holds the event loop a fraction of a millisecond: 64 replicas read
+    at once held a gateway's loop for 30-66 ms, and the requests behind it waited
+    (benchmarks/loop_stalls.py)."""
+    step_s = over_s / max(len(items), 1)
 
-    async def started(n: int, read: Callable[[], Awaitable[T]]) -> T:
+    async def started(n: int, item: T) -> R:
         if n:
             await asyncio.sleep(n * step_s)
-        return await read()
+        return await read(item)
 
-    return await asyncio.gather(*(started(n, read) for n, read in enumerate(reads)))
+    return await asyncio.gather(*(started(n, item) for n, item in enumerate(items)))

@@ -232,15 +232,12 @@ class FleetScaler:
     async def _loads(self, model: str, session: aiohttp.ClientSession) -> list[EngineLoad]:
         replicas = [r for r in self.gateway.replica_set.replicas(model) if not r.draining]
 
-        def reader(url: str) -> Callable[[], Awaitable[EngineLoad | None]]:
-            async def read() -> EngineLoad | None:
-                with contextlib.suppress(LoadUnavailable, aiohttp.ClientError, TimeoutError):
-                    return await fetch_load(session, url, LOAD_TIMEOUT_S)
-                return None
+        async def read(url: str) -> EngineLoad | None:
+            with contextlib.suppress(LoadUnavailable, aiohttp.ClientError, TimeoutError):
+                return await fetch_load(session, url, LOAD_TIMEOUT_S)
+            return None
 
-            return read
-
-        loads = await read_spread([reader(r.url) for r in replicas], self.spread_s)
+        loads = await read_spread([r.url for r in replicas], read, self.spread_s)
         return [load for load in loads if load is not None]
 
     def _bounds(self, model: ModelConfig) -> Bounds:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import aiohttp
 from prometheus_client import CollectorRegistry
@@ -105,18 +105,15 @@ class ReplicaGauges:
         replicas = self.replica_set.replicas()
         gate = asyncio.Semaphore(self.max_concurrent)
 
-        def reader(replica: Replica) -> Callable[[], Awaitable[EngineStats | None]]:
-            async def read() -> EngineStats | None:
-                async with gate:
-                    reading = await self._read(session, replica)
-                self.readings[(replica.model, replica.replica_id)] = reading  # shown at once
-                if reading is not None and self.on_stats is not None:
-                    self.on_stats(replica, reading)
-                return reading
+        async def read(replica: Replica) -> EngineStats | None:
+            async with gate:
+                reading = await self._read(session, replica)
+            self.readings[(replica.model, replica.replica_id)] = reading  # shown at once
+            if reading is not None and self.on_stats is not None:
+                self.on_stats(replica, reading)
+            return reading
 
-            return read
-
-        stats = await read_spread([reader(r) for r in replicas], spread_s)
+        stats = await read_spread(replicas, read, spread_s)
         self.readings = {(r.model, r.replica_id): s for r, s in zip(replicas, stats, strict=True)}
         self._logged &= set(self.readings)
 

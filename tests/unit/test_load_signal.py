@@ -189,13 +189,10 @@ def test_read_spread_starts_the_reads_over_the_time_given_and_keeps_their_order(
         loop = asyncio.get_running_loop()
         first = loop.time()
 
-        def reader(n: int):
-            async def read() -> tuple[int, float]:
-                return n, loop.time() - first
+        async def read(n: int) -> tuple[int, float]:
+            return n, loop.time() - first
 
-            return read
-
-        return await read_spread([reader(n) for n in range(4)], over_s=0.4)
+        return await read_spread(range(4), read, over_s=0.4)
 
     results = asyncio.run(main())
     assert [n for n, _ in results] == [0, 1, 2, 3]
