@@ -9,7 +9,9 @@ back with each piece of body, and the pieces go straight to the client's transpo
 HTTP/1.1 chunk framing: no task wake-up. The pieces of one read from the replica (under
 load, several tokens wait in the socket) go out as one chunk in one write: a system call
 per read, not per token (0.86x the gateway's CPU per request in alternating rounds near
-saturation, 8 simulated replicas on a 2-core machine).
+saturation, 8 simulated replicas on a 2-core machine). The read that ends the body goes
+out with the body's end (the last chunk and the terminator, through aiohttp's
+``write_eof``) in one write, and so does a whole response that came in one read.
 
 ``RelayConnection`` is one keep-alive connection to a replica and, while it carries a
 request, the ``Exchange`` of upstream.py: ``RelayPool`` (relay_pool.py) calls ``start``
@@ -102,8 +104,8 @@ class RelayConnection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(UpstreamConnectError(f"bad HTTP from upstream: {exc}"), Outcome.BROKEN)
-        if self._out and self._flush is not None:
-            self._flush()
+        if self._out and self._flush is not None and not self._complete:
+            self._flush()  # the last pieces go out with the end of the body (stream_to)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -179,7 +181,7 @@ class RelayConnection(asyncio.Protocol):
                 response.content_length = len(body)
                 _head_with_body(response)
                 await response.prepare(request)
-                await response.write(body)
+                await response.write_eof(body)
             return outcome
         if request.version >= HttpVersion11:
             response.enable_chunked_encoding()  # the relay frames the chunks itself
@@ -199,9 +201,13 @@ class RelayConnection(asyncio.Protocol):
             either: set[asyncio.Future[Any]] = {self._first, self._done}
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if self._pieces:
-            # The first write goes through aiohttp so that the headers go out with it.
+            # The first write goes through aiohttp so that the headers go out with it, and
+            # the end of the body too when the whole response is here.
             first = b"".join(self._pieces)
             self._pieces.clear()
+            if self._done.done() and self._done.result() is Outcome.DONE:
+                await response.write_eof(first)
+                return Outcome.DONE
             await response.write(first)
         client = request.transport
         if client is None or client.is_closing():
@@ -228,7 +234,16 @@ class RelayConnection(asyncio.Protocol):
 
         self._flush = flush
         self._sink = out.append
-        return await self._done
+        outcome = await self._done
+        if out:  # the pieces of the read that ended the body: one write with its end
+            if client.is_closing():
+                out.clear()
+                self._last_piece = b""
+                return self._client_gone()
+            last = out[0] if len(out) == 1 else b"".join(out)
+            out.clear()
+            await response.write_eof(last)
+        return outcome
 
     def tail(self) -> bytes | None:
         return self._last_piece if self.chunked else None
