@@ -374,10 +374,11 @@ class Gateway:
 
     def _check_declared_size(self, request: web.Request) -> None:
         cap = self.max_body_bytes
-        if request.content_length is not None and request.content_length > cap:
+        declared = request.content_length  # parsed from the header at each reading
+        if declared is not None and declared > cap:
             raise RequestError(
                 413,
-                f"Request body is {request.content_length} bytes; the limit is {cap} bytes.",
+                f"Request body is {declared} bytes; the limit is {cap} bytes.",
                 code="body_too_large",
                 reason="body_too_large",
                 close=True,  # refused before the body is read: do not read it

@@ -14,6 +14,7 @@ replica closed meanwhile is replaced without counting against the replica.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Mapping
 from urllib.parse import urlsplit
@@ -42,9 +43,8 @@ class RelayPool:
     ) -> RelayConnection:
         """Send a POST and wait for the response head; see upstream.py for the errors."""
         started = time.monotonic()
-        parts = urlsplit(url)
-        key = (parts.hostname or "127.0.0.1", parts.port or 80)
-        request = _request_head(key, parts.path or "/", headers, len(body)) + body
+        key, path = _address(url)
+        request = _request_head(key, path, headers, len(body)) + body
         conn = self._take_idle(key)
         if conn is not None:
             try:
@@ -123,6 +123,13 @@ class RelayPool:
             conn.close()
         self._idle.clear()
         self._busy.clear()
+
+
+@functools.lru_cache(maxsize=4096)
+def _address(url: str) -> tuple[Key, str]:
+    """(host, port) and path of a replica's URL; a fleet has few, and each request asks."""
+    parts = urlsplit(url)
+    return (parts.hostname or "127.0.0.1", parts.port or 80), parts.path or "/"
 
 
 def _request_head(key: Key, path: str, headers: Mapping[str, str], length: int) -> bytes:

@@ -11,6 +11,7 @@ checks them and openapi.py publishes the same tables as the request schemas of
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -88,7 +89,13 @@ def parse_request(path: str, raw: bytes) -> ParsedRequest:
 def is_json_type(value: Any, types: tuple[str, ...]) -> bool:
     if isinstance(value, bool):
         return "boolean" in types
-    return any(isinstance(value, _PYTHON_TYPES[t]) for t in types)
+    return isinstance(value, _python_types(types))
+
+
+@functools.cache
+def _python_types(types: tuple[str, ...]) -> tuple[type, ...]:
+    """The Python types of ``types`` together (the tables above hold a few tuples)."""
+    return tuple(kind for t in types for kind in _PYTHON_TYPES[t])
 
 
 def _described(types: tuple[str, ...]) -> str:
