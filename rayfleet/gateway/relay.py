@@ -236,14 +236,19 @@ class RelayConnection(asyncio.Protocol):
         self._sink = out.append
         outcome = await self._done
         if out:  # the pieces of the read that ended the body: one write with its end
-            if client.is_closing():
-                out.clear()
-                self._last_piece = b""
-                return self._client_gone()
-            last = out[0] if len(out) == 1 else b"".join(out)
-            out.clear()
-            await response.write_eof(last)
+            return await self._end_with(out, response, client)
         return outcome
+
+    async def _end_with(
+        self, out: list[bytes], response: web.StreamResponse, client: asyncio.Transport
+    ) -> Outcome:
+        last = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        if client.is_closing():
+            self._last_piece = b""  # not delivered: tail() must not show it
+            return self._client_gone()
+        await response.write_eof(last)
+        return Outcome.DONE
 
     def tail(self) -> bytes | None:
         return self._last_piece if self.chunked else None
