@@ -56,7 +56,7 @@ from rayfleet.gateway.upstream import Exchange, Outcome
 from rayfleet.gateway.validate import INPUT_FIELDS
 
 if TYPE_CHECKING:
-    from rayfleet.gateway.policies import Admission
+    from rayfleet.gateway.admission import Admission
 
 log = logging.getLogger("rayfleet.access")
 

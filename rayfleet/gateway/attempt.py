@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from rayfleet.gateway.access_log import note_answer, note_delivered
+from rayfleet.gateway.admission import Admission
 from rayfleet.gateway.errors import (
     GATEWAY_REPLICA,
     REPLICA_HEADER,
@@ -46,7 +47,6 @@ from rayfleet.gateway.errors import (
     sse_error_event,
 )
 from rayfleet.gateway.metrics import GatewayMetrics
-from rayfleet.gateway.policies import Admission
 from rayfleet.gateway.replica_policy import RequestInfo
 from rayfleet.gateway.replicas import Replica, ReplicaSet
 from rayfleet.gateway.upstream import (

@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from rayfleet.gateway.access_log import REQUEST_ID_HEADER, note_admission, request_id
+from rayfleet.gateway.admission import Admission
 from rayfleet.gateway.attempt import (
     Attempt,
     Attempts,
@@ -50,7 +51,7 @@ from rayfleet.gateway.attempt import (
 from rayfleet.gateway.errors import RequestError
 from rayfleet.gateway.fallback import Provider
 from rayfleet.gateway.metrics import GatewayMetrics
-from rayfleet.gateway.policies import Admission, Policies
+from rayfleet.gateway.policies import Policies
 from rayfleet.gateway.relay_pool import RelayPool
 from rayfleet.gateway.replica_policy import ReplicaPolicy, RequestInfo
 from rayfleet.gateway.replicas import Replica, ReplicaSet

@@ -4,7 +4,7 @@
 fallback providers, priority classes and each model's routing (its replica policy,
 built by the app). Per request the app calls
 ``authenticate`` (before reading the body), then ``admit``, which returns an
-``Admission`` saying where the request goes and with which body, or raises a
+``Admission`` (admission.py) saying where the request goes and with which body, or raises a
 ``RequestError``. The order follows DESIGN.md: auth, limits, route, context
 length, key quota, priority. ``Policies.plain(models)`` is the gateway without
 any policy (no keys, no routes, no caps beyond the engine's own).
@@ -12,14 +12,14 @@ any policy (no keys, no routes, no caps beyond the engine's own).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
+from rayfleet.gateway.admission import Admission, FallbackWhen, PriorityClass, RequestFacts
 from rayfleet.gateway.auth import ApiKey, KeyTable
 from rayfleet.gateway.errors import RequestError
 from rayfleet.gateway.fallback import Provider, first_provider
@@ -31,8 +31,8 @@ from rayfleet.gateway.limits import (
     num_items,
     requested_max_tokens,
 )
-from rayfleet.gateway.rules import Route, minute_of_day
-from rayfleet.gateway.tokens import Prompt, TokenCounter, context_length, prompt_of
+from rayfleet.gateway.rules import Route
+from rayfleet.gateway.tokens import TokenCounter, context_length
 from rayfleet.gateway.validate import ParsedRequest
 
 if TYPE_CHECKING:
@@ -41,91 +41,6 @@ if TYPE_CHECKING:
 
 Clock = Callable[[], datetime]
 Headers = Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class PriorityClass:
-    name: str
-    priority: int
-    timeout_s: float | None = None
-    stream_idle_timeout_s: float | None = None
-
-
-@dataclass(frozen=True)
-class FallbackWhen:
-    on_no_replica: bool = True
-    on_failure: bool = True
-    max_queue_depth: int | None = None
-
-
-class RequestFacts:
-    """What rules and limits read from one request, each computed at most once."""
-
-    __slots__ = ("_minute", "_policies", "_prompt", "_tokens", "body", "path", "priority_class")
-
-    def __init__(self, path: str, body: dict[str, Any], policies: Policies):
-        self.path = path
-        self.body = body
-        self.priority_class: str | None = None
-        self._prompt: Prompt | None = None
-        self._tokens: dict[str | None, int] = {}
-        self._minute: int | None = None
-        self._policies = policies
-
-    @property
-    def prompt(self) -> Prompt:
-        if self._prompt is None:
-            self._prompt = prompt_of(self.path, self.body)
-        return self._prompt
-
-    def prompt_tokens(self, model: str | None) -> int:
-        count = self._tokens.get(model)
-        if count is None:
-            count = self._tokens[model] = self._policies.counter.count(model, self.prompt)
-        return count
-
-    def minute_of_day(self) -> int:
-        if self._minute is None:
-            self._minute = minute_of_day(self._policies.clock().astimezone(self._policies.zone))
-        return self._minute
-
-
-@dataclass
-class Admission:
-    """Where one admitted request goes, and the body to send there."""
-
-    requested: str
-    body: dict[str, Any]
-    changed: bool = False
-    model: str | None = None
-    provider: Provider | None = None
-    provider_model: str | None = None
-    route_rule: str | None = None
-    priority_class: PriorityClass | None = None
-    key: ApiKey | None = None
-    clamped: bool = False
-    charged_tokens: int = 0  # what the key's token rate was charged for it
-
-    @property
-    def destination(self) -> str:
-        """The fleet model it goes to, or the provider's label."""
-        if self.model is not None:
-            return self.model
-        return self.provider.label if self.provider is not None else ""
-
-    def fleet_body(self, raw: bytes) -> bytes:
-        return json.dumps(self.body).encode() if self.changed else raw
-
-    def release(self) -> None:
-        if self.key is not None:
-            self.key.quota.release()
-            self.key = None
-
-    def refund(self) -> None:
-        """Give the key back its request and tokens: the gateway answered with nothing
-        done for it (no replica, and no provider to take it)."""
-        if self.key is not None:
-            self.key.quota.refund(self.charged_tokens, time.monotonic())
 
 
 @dataclass
