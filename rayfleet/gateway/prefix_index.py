@@ -1,6 +1,6 @@
-"""Which prompt prefixes each replica holds: the routing key and a bounded index of it.
+"""Which prompt prefixes each replica holds: the key's block hashes and a bounded index.
 
-    lead, rest = prompt_parts(path, body)   # the prompt as the engine sees it, prefix-stable
+    lead, rest = prompt_parts(path, body)   # prompt_key.py: the prompt, prefix-stable
     hashes = BlockHasher(64).hashes(lead, rest)  # one chained hash per whole block of 64 chars
     index = PrefixIndex(capacity_blocks=16384)
     index.size(replica_id, 4096)            # its KV cache holds about 4,096 blocks (vLLM says)
@@ -8,17 +8,15 @@
     held = held_prefix(tables[i], hashes)   # leading blocks of the prompt replica i holds
     index.record(tables[i], hashes, held)   # learn on send
 
-The key. A chat's text is its tools (JSON, first, since a template puts them before the
-messages) and then each message's role and content in order, so turn k of a conversation
-is a prefix of turn k+1; a completion's is its prompt. Only whole blocks are hashed (vLLM
-caches whole KV blocks only; 64 characters is about one 16-token block at about 4
-characters per token), and block i's hash covers blocks 0..i (``hash((previous, block))``),
-so one lookup answers "does this replica hold the prompt up to block i". The hashes are
-Python's ``hash``, salted per process: the index lives in one gateway process. The lead
-(tools and first message: a system prompt many requests share) is hashed once per
-``BlockHasher``'s memory of 64 leads: a hit costs one str hash of the lead instead of a
-tuple hash per block: 8 us instead of 15 for the benchmark's 8 KB prompt with a 4 KB system
-prompt.
+The key. The prompt's text (prompt_key.py) is prefix-stable: turn k of a conversation is
+a prefix of turn k+1. Only whole blocks of it are hashed (vLLM caches whole KV blocks only;
+64 characters is about one 16-token block at about 4 characters per token), and block i's
+hash covers blocks 0..i (``hash((previous, block))``), so one lookup answers "does this
+replica hold the prompt up to block i". The hashes are Python's ``hash``, salted per
+process: the index lives in one gateway process. The lead (tools and first message: a
+system prompt many requests share) is hashed once per ``BlockHasher``'s memory of 64 leads:
+a hit costs one str hash of the lead instead of a tuple hash per block: 8 us instead of 15
+for the benchmark's 8 KB prompt with a 4 KB system prompt.
 
 The index. Each replica's table maps a block's hash to its segment: up to 64 consecutive
 blocks of one prompt, learnt together, aligned on multiples of 64 from the prompt's start.
@@ -53,12 +51,10 @@ replica, 125 MB for 64 replicas at most.
 from __future__ import annotations
 
 import functools
-import json
 import re
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any
 
 from rayfleet.gateway.replicas import Replica
 
@@ -68,54 +64,6 @@ _NUM_LEADS = 64  # leads whose block hashes are kept
 _MIN_LEAD_BLOCKS = 4  # a shorter lead is hashed again
 _MAX_LEAD_CHARS = 32_768  # a longer one too: at most 2 MB of ASCII leads kept
 _SEGMENT_BLOCKS = 64  # at most, blocks learnt, used and evicted together
-
-
-def prompt_text(path: str, body: Mapping[str, Any]) -> str:
-    """The routing key of a request: its prompt as text, stable as a conversation grows."""
-    lead, rest = prompt_parts(path, body)
-    return lead + rest
-
-
-def prompt_parts(path: str, body: Mapping[str, Any]) -> tuple[str, str]:
-    """``prompt_text`` as (lead, rest), split where many requests share the text before:
-    a chat's tools and first message (its system prompt, say); a completion has no lead."""
-    if path.endswith("/chat/completions"):
-        return _chat_parts(body)
-    prompt = body.get("prompt", body.get("input", ""))
-    if isinstance(prompt, str):
-        return "", prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        return "", "\x1e".join(prompt)
-    return "", json.dumps(prompt, separators=(",", ":"))
-
-
-def _chat_parts(body: Mapping[str, Any]) -> tuple[str, str]:
-    parts: list[str] = []
-    tools = body.get("tools")
-    if tools:
-        parts.append(json.dumps(tools, separators=(",", ":"), sort_keys=True))
-    messages = [m for m in body.get("messages") or () if isinstance(m, Mapping)]
-    for message in messages[:1]:
-        _append_message(parts, message)
-    lead = "".join(parts)
-    parts.clear()
-    for message in messages[1:]:
-        _append_message(parts, message)
-    return lead, "".join(parts)
-
-
-def _append_message(parts: list[str], message: Mapping[str, Any]) -> None:
-    parts.append(f"\x1e{message.get('role', '')}\x1f")
-    content = message.get("content")
-    if isinstance(content, str):
-        parts.append(content)
-    elif isinstance(content, list):
-        for item in content:
-            text = item.get("text") if isinstance(item, Mapping) else None
-            parts.append(text if isinstance(text, str) else json.dumps(item, sort_keys=True))
-    calls = message.get("tool_calls")
-    if calls:
-        parts.append(json.dumps(calls, separators=(",", ":"), sort_keys=True))
 
 
 def block_hashes(text: str, block_chars: int, after: int | None = None) -> list[int]:

@@ -78,8 +78,8 @@ from rayfleet.gateway.prefix_index import (
     BlockTable,
     PrefixIndex,
     held_length,
-    prompt_parts,
 )
+from rayfleet.gateway.prompt_key import prompt_parts
 from rayfleet.gateway.replica_policy import RequestInfo, load_bound
 from rayfleet.gateway.replicas import Replica
 

@@ -13,9 +13,8 @@ from rayfleet.gateway.prefix_index import (
     PrefixIndex,
     block_hashes,
     held_prefix,
-    prompt_parts,
-    prompt_text,
 )
+from rayfleet.gateway.prompt_key import prompt_parts, prompt_text
 from rayfleet.gateway.replicas import Replica
 
 CHAT = "/v1/chat/completions"

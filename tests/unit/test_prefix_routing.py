@@ -13,9 +13,9 @@ from rayfleet.gateway.prefix_index import (
     PrefixIndex,
     block_hashes,
     held_prefix,
-    prompt_text,
 )
 from rayfleet.gateway.prefix_routing import PrefixRouting
+from rayfleet.gateway.prompt_key import prompt_text
 from rayfleet.gateway.replica_policy import RequestInfo
 from rayfleet.gateway.replicas import Replica, ReplicaSet
 
