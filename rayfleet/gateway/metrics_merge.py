@@ -3,6 +3,7 @@
 The fleet process answers ``/metrics`` (a worker that is asked passes the scrape on to
 it) with its own series and the workers', read over their local sockets::
 
+    await read_metrics([socket_path, ...])  each worker's text, from those that answer
     merge(own, [worker_1, worker_2, ...])   Prometheus text in, Prometheus text out
 
 - counters and histograms (requests, errors, latencies, picks) are summed over the
@@ -18,8 +19,11 @@ need no label of their own.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Iterable, Iterator
 
+import aiohttp
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -82,3 +86,22 @@ class _Families:
 
     def describe(self) -> list[Metric]:
         return []
+
+
+async def read_metrics(socket_paths: list[str]) -> list[bytes]:
+    """``GET /metrics`` of each process serving on one of ``socket_paths`` (Unix sockets),
+    at once, 5 s at most each; the texts of those that answered, in order."""
+
+    async def one(path: str) -> bytes | None:
+        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+            connector = aiohttp.UnixConnector(path=path)
+            async with (
+                aiohttp.ClientSession(connector=connector) as session,
+                session.get("http://worker/metrics", timeout=aiohttp.ClientTimeout(5)) as r,
+            ):
+                if r.status == 200:
+                    return await r.read()
+        return None
+
+    texts = await asyncio.gather(*(one(path) for path in socket_paths))
+    return [text for text in texts if text is not None]

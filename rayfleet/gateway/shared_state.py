@@ -7,6 +7,7 @@ Two blocks, made by the fleet process (``create``) and attached by each worker
     counts = SharedCounts.attach(spec, row=i)                 # worker i
     counts.add(slot, +1) ... counts.add(slot, -1)             # worker i's own row only
     counts.total(slot)                                        # every worker's, summed
+    Columns(counts).assign(entries)   # the fleet process: a column per replica, in "slot"
 
 ``SharedCounts`` is an int64 table with one row per worker and one column per slot.
 The fleet process gives each replica a slot (its requests in flight) and each model one
@@ -31,8 +32,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing import shared_memory
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from rayfleet.gateway.replicas import Entry
+
+NUM_SLOTS = 4096  # replicas and models the counts can hold at once
 REFRESH_S = 0.005  # how often a worker sums the other workers' counts
 STALE_LOCK_S = 0.2  # a quota lock held this long was held by a worker that died
 KEY_CELLS = 5  # request level, request time, token level, token time, in flight
@@ -89,6 +94,36 @@ class SharedCounts:
 
     def close(self) -> None:
         _close(self._block, [*self._rows, self._table], unlink=self._owner)
+
+
+class Columns:
+    """Which column of the counts each replica ("replica:<id>") and each model
+    ("model:<name>") has, kept by the fleet process. A replica's column is taken back
+    once the replica has left the membership and every worker's count there is zero;
+    a name that finds no free column gets -1 (each worker then counts it alone)."""
+
+    def __init__(self, counts: SharedCounts):
+        self._counts = counts
+        self._columns: dict[str, int] = {}
+        self._free = list(range(counts.spec.num_slots - 1, -1, -1))
+
+    def assign(self, entries: list[Entry]) -> list[Entry]:
+        """``entries`` (the registry's) each with its replica's column as ``slot``."""
+        live = {f"replica:{e['replica_id']}" for e in entries}
+        for name in [n for n in self._columns if n.startswith("replica:") and n not in live]:
+            column = self._columns[name]
+            if self._counts.column_is_zero(column):  # else requests to it are still counted
+                del self._columns[name]
+                self._free.append(column)
+        return [{**e, "slot": self.of(f"replica:{e['replica_id']}")} for e in entries]
+
+    def of(self, name: str) -> int:
+        column = self._columns.get(name)
+        if column is None:
+            if not self._free:
+                return -1
+            column = self._columns[name] = self._free.pop()
+        return column
 
 
 @dataclass(frozen=True)

@@ -30,19 +30,25 @@ import logging
 import os
 import pickle
 import signal
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
 
-from rayfleet.gateway.shared_state import REFRESH_S, QuotaCells, QuotaSpec, SharedCounts
+from rayfleet.gateway.shared_state import (
+    REFRESH_S,
+    CountsSpec,
+    QuotaCells,
+    QuotaSpec,
+    SharedCounts,
+)
 from rayfleet.gateway.workers import (
     CONFIG_PATH,
     FORWARDED_FOR,
     MEMBERSHIP_PATH,
     WORKER_HEADER,
-    WorkerSpec,
     control_socket,
     worker_socket,
 )
@@ -57,6 +63,28 @@ log = logging.getLogger("rayfleet.gateway")
 
 _PR_SET_PDEATHSIG = 1
 _HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
+
+
+@dataclass
+class WorkerSpec:
+    """What a worker process is started with (pickled into it)."""
+
+    index: int
+    num_workers: int
+    config: FleetConfig
+    host: str
+    port: int
+    run_dir: str
+    counts: CountsSpec
+    quotas: QuotaSpec | None
+    lock: Any  # the quotas' lock, a multiprocessing lock passed as the worker is spawned
+    generation: int
+    hold_s: dict[str, float]
+    forwarded: list[tuple[str, str]]  # (method, path) of the fleet's admin endpoints
+    access_log: str | None  # None: standard output
+    log_requests: bool
+    poll_interval_s: float = 1.0
+    parent_pid: int = field(default_factory=os.getpid)
 
 
 def run_worker(spec: WorkerSpec) -> None:

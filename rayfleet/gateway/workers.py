@@ -52,17 +52,17 @@ import shutil
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from rayfleet.gateway.metrics_merge import read_metrics
 from rayfleet.gateway.shared_state import (
+    NUM_SLOTS,
     REFRESH_S,
-    CountsSpec,
+    Columns,
     QuotaCells,
-    QuotaSpec,
     SharedCounts,
 )
 
@@ -79,7 +79,6 @@ FORWARDED_FOR = "x-rayfleet-forwarded-for"  # a worker passing a request on: the
 WORKER_HEADER = "x-rayfleet-worker"  # on every answer of a worker: its number
 MEMBERSHIP_PATH = "/rayfleet/internal/membership"
 CONFIG_PATH = "/rayfleet/internal/config"
-NUM_SLOTS = 4096  # replicas and models the shared counts can hold at once
 _WATCH_S = 1.0
 _STOP_TIMEOUT_S = 30.0
 
@@ -92,28 +91,6 @@ def control_socket(run_dir: Path) -> Path:
 
 def worker_socket(run_dir: Path, worker: int) -> Path:
     return run_dir / f"worker-{worker}.sock"
-
-
-@dataclass
-class WorkerSpec:
-    """What a worker process is started with (pickled into it)."""
-
-    index: int
-    num_workers: int
-    config: FleetConfig
-    host: str
-    port: int
-    run_dir: str
-    counts: CountsSpec
-    quotas: QuotaSpec | None
-    lock: Any  # the quotas' lock, a multiprocessing lock passed as the worker is spawned
-    generation: int
-    hold_s: dict[str, float]
-    forwarded: list[tuple[str, str]]  # (method, path) of the fleet's admin endpoints
-    access_log: str | None  # None: standard output
-    log_requests: bool
-    poll_interval_s: float = 1.0
-    parent_pid: int = field(default_factory=os.getpid)
 
 
 class WorkerPool:
@@ -145,8 +122,7 @@ class WorkerPool:
         self.quotas = self._quota_cells(config)
         self._old_quotas: list[QuotaCells] = []
         self._hash_seed = str(random.randrange(1, 2**32))
-        self._slots: dict[str, int] = {}  # "replica:<id>" or "model:<name>" -> column
-        self._free = list(range(NUM_SLOTS - 1, -1, -1))
+        self.columns = Columns(self.counts)
         self._entries: list[Entry] = []
         self._version = 0  # of the membership, one more at each registry poll
         self._applied: dict[int, int] = {}  # worker -> the version it last applied
@@ -169,7 +145,7 @@ class WorkerPool:
 
         async def entries() -> list[Entry]:
             fresh = await source()
-            self._entries = self._assign(fresh)
+            self._entries = self.columns.assign(fresh)
             self._version += 1
             return self._entries
 
@@ -254,7 +230,7 @@ class WorkerPool:
     # -- the workers ----------------------------------------------------------------------
 
     def _spawn(self, worker: int) -> None:
-        from rayfleet.gateway.worker_process import run_worker
+        from rayfleet.gateway.worker_process import WorkerSpec, run_worker
 
         spec = WorkerSpec(
             index=worker,
@@ -313,22 +289,8 @@ class WorkerPool:
 
     async def metrics_of_workers(self) -> list[bytes]:
         """Each worker's own /metrics (those that answer), for the fleet's /metrics."""
-        import aiohttp
-
-        async def one(worker: int) -> bytes | None:
-            path = str(worker_socket(self.run_dir, worker))
-            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-                connector = aiohttp.UnixConnector(path=path)
-                async with (
-                    aiohttp.ClientSession(connector=connector) as session,
-                    session.get("http://worker/metrics", timeout=aiohttp.ClientTimeout(5)) as r,
-                ):
-                    if r.status == 200:
-                        return await r.read()
-            return None
-
-        texts = await asyncio.gather(*(one(w) for w in range(self.num_workers)))
-        return [text for text in texts if text is not None]
+        paths = [str(worker_socket(self.run_dir, w)) for w in range(self.num_workers)]
+        return await read_metrics(paths)
 
     # -- what the workers ask -----------------------------------------------------------
 
@@ -336,7 +298,7 @@ class WorkerPool:
         with contextlib.suppress(KeyError, ValueError):
             self._applied[int(request.query["worker"])] = int(request.query["applied"])
         models = [m.name for m in self.config.models]
-        waiting = {m: self._slot(f"model:{m}") for m in models}
+        waiting = {m: self.columns.of(f"model:{m}") for m in models}
         body = {
             "entries": self._entries,
             "waiting_slots": waiting,
@@ -362,25 +324,6 @@ class WorkerPool:
         quotas = self.quotas.spec if self.quotas is not None else None
         payload = pickle.dumps((self.generation, self.config, quotas, self.hold_s))
         return web.Response(body=payload, content_type="application/octet-stream")
-
-    # -- slots ----------------------------------------------------------------------------
-
-    def _assign(self, entries: list[Entry]) -> list[Entry]:
-        live = {f"replica:{e['replica_id']}" for e in entries}
-        for name in [n for n in self._slots if n.startswith("replica:") and n not in live]:
-            slot = self._slots[name]
-            if self.counts.column_is_zero(slot):  # else requests to it are still counted
-                del self._slots[name]
-                self._free.append(slot)
-        return [{**e, "slot": self._slot(f"replica:{e['replica_id']}")} for e in entries]
-
-    def _slot(self, name: str) -> int:
-        slot = self._slots.get(name)
-        if slot is None:
-            if not self._free:
-                return -1  # counted by each worker alone
-            slot = self._slots[name] = self._free.pop()
-        return slot
 
     def _quota_cells(self, config: FleetConfig) -> QuotaCells | None:
         keys = config.gateway.api_keys
