@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from rayfleet.gateway.app import via_local_socket
 from rayfleet.gateway.errors import openai_error
+from rayfleet.gateway.info_endpoints import via_local_socket
 from rayfleet.gateway.workers import FORWARDED_FOR
 
 if TYPE_CHECKING:

@@ -44,14 +44,15 @@ from aiohttp import web
 
 from rayfleet.gateway import access_log
 from rayfleet.gateway.dispatch import Dispatcher
-from rayfleet.gateway.errors import GATEWAY_REPLICA, REPLICA_HEADER, RequestError
+from rayfleet.gateway.errors import RequestError
 from rayfleet.gateway.http_errors import (
     IDLE_TIMEOUT_S,
     json_http_errors,
     read_body,
 )
+from rayfleet.gateway.info_endpoints import InfoEndpoints
 from rayfleet.gateway.metrics import GatewayMetrics
-from rayfleet.gateway.openapi import OPENAPI_PATH, openapi_document
+from rayfleet.gateway.openapi import OPENAPI_PATH
 from rayfleet.gateway.overload import InFlightLimit
 from rayfleet.gateway.policies import Policies
 from rayfleet.gateway.replica_gauges import PERIOD_S, ReplicaGauges
@@ -155,13 +156,14 @@ class Gateway:
             client_max_size=self.max_body_bytes,
         )
         access_log.install(app)  # x-request-id on every answer; a JSON line per request
-        app.router.add_get("/v1/models", self.list_models)
+        info = InfoEndpoints(self)
+        app.router.add_get("/v1/models", info.list_models)
         for path in INPUT_FIELDS:
             app.router.add_post(path, self._proxy_for(path))
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/metrics", self.prometheus)
-        app.router.add_get("/rayfleet/status", self.status)
-        app.router.add_get(OPENAPI_PATH, self.openapi)
+        app.router.add_get("/health", info.health)
+        app.router.add_get("/metrics", info.prometheus)
+        app.router.add_get("/rayfleet/status", info.status)
+        app.router.add_get(OPENAPI_PATH, info.openapi)
         for method, path, handler in self.extra_routes:
             app.router.add_route(method, path, handler)
         if self.response_headers:
@@ -245,98 +247,6 @@ class Gateway:
             except Exception:  # membership must keep following the registry
                 log.exception("replica membership update failed")
 
-    # -- small endpoints -------------------------------------------------------------
-
-    def _keyed(self, request: web.Request, open_: bool) -> web.Response | None:
-        """None when the request may proceed, else the 401 to answer."""
-        if open_ or not self.policies.keys:
-            return None
-        try:
-            self.policies.authenticate(request.headers)
-        except RequestError as exc:
-            return self.dispatcher.refuse(exc, "")
-        return None
-
-    async def list_models(self, request: web.Request) -> web.Response:
-        refused = self._keyed(request, open_=False)
-        if refused is not None:
-            return refused
-        created = int(time.time())
-        data = [
-            {
-                "id": model,
-                "object": "model",
-                "created": created,
-                "owned_by": "rayfleet",
-                "replicas": self.replica_set.num_healthy(model),
-            }
-            for model in self.replica_set.models
-        ]
-        data += [
-            {
-                "id": route,
-                "object": "model",
-                "created": created,
-                "owned_by": "rayfleet",
-                "route": True,
-            }
-            for route in self.policies.routes
-        ]
-        return web.json_response(
-            {"object": "list", "data": data}, headers={REPLICA_HEADER: GATEWAY_REPLICA}
-        )
-
-    async def health(self, request: web.Request) -> web.Response:
-        refused = self._keyed(request, self.policies.open_health)
-        if refused is not None:
-            return refused
-        models = {m: self.replica_set.num_healthy(m) for m in self.replica_set.models}
-        # A model with no replica now but requests held until one starts (autoscaled, at
-        # zero or in a window) is ready to take requests.
-        ready = all(n or self.dispatcher.hold_s.get(m, 0.0) > 0 for m, n in models.items())
-        return web.json_response(
-            {"status": "ok" if ready else "degraded", "models": models},
-            status=200 if ready else 503,
-            headers={REPLICA_HEADER: GATEWAY_REPLICA},
-        )
-
-    async def prometheus(self, request: web.Request) -> web.StreamResponse:
-        refused = self._keyed(request, self.policies.open_metrics)
-        if refused is not None:
-            return refused
-        if self.control is not None and not via_local_socket(request):
-            return await self.control(request)
-        # Here, not in metrics.before_render: render() is also called off the loop.
-        self.metrics.asyncio_tasks.set(len(asyncio.all_tasks()))
-        body = self.metrics.render()
-        if self.metrics_peers is not None:
-            from rayfleet.gateway.metrics_merge import merge
-
-            body = merge(body, await self.metrics_peers())
-        return web.Response(
-            body=body,
-            headers={"Content-Type": "text/plain; version=0.0.4", REPLICA_HEADER: GATEWAY_REPLICA},
-        )
-
-    async def status(self, request: web.Request) -> web.StreamResponse:
-        if self.control is not None and not via_local_socket(request):
-            return await self.control(request)
-        now = time.monotonic()
-        body: dict[str, Any] = {
-            "models": {m: self.replica_set.num_healthy(m) for m in self.replica_set.models},
-            "replicas": [r.as_dict(now) for r in self.replica_set.replicas()],
-        }
-        if self.status_extra is not None:
-            try:
-                body.update(await self.status_extra())
-            except Exception as exc:  # noqa: BLE001 - the status page shows what failed
-                body["status_error"] = str(exc)
-        return web.json_response(body, headers={REPLICA_HEADER: GATEWAY_REPLICA})
-
-    async def openapi(self, _request: web.Request) -> web.Response:
-        routes = [(method, path) for method, path, _ in self.extra_routes]
-        return web.json_response(openapi_document(routes))
-
     # -- the data path ---------------------------------------------------------------
 
     def _proxy_for(self, path: str) -> Handler:
@@ -395,10 +305,3 @@ class Gateway:
     def _usable(self, model: str) -> bool:
         """Whether a route may send a request to ``model`` now."""
         return bool(self.replica_set.candidates(model))
-
-
-def via_local_socket(request: web.Request) -> bool:
-    """Whether ``request`` came over a Unix socket: the local socket by which the
-    processes of gateway.workers speak to each other, never a client's."""
-    transport = request.transport
-    return transport is not None and isinstance(transport.get_extra_info("sockname"), str)
