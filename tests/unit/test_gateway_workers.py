@@ -25,7 +25,7 @@ from rayfleet.gateway.policies import Policies
 from rayfleet.gateway.replica_policy import RequestInfo
 from rayfleet.gateway.replicas import Replica, ReplicaSet
 from rayfleet.gateway.server import listen
-from rayfleet.gateway.shared_state import CountsSpec, QuotaCells, SharedCounts
+from rayfleet.gateway.shared_state import Columns, CountsSpec, QuotaCells, SharedCounts
 from rayfleet.gateway.worker_process import observe_engines
 
 
@@ -55,6 +55,27 @@ def test_counts_written_by_another_process_are_summed_here():
         assert counts.column_is_zero(3)
         mine.close()
     finally:
+        counts.close()
+
+
+def test_a_column_is_reused_only_once_its_replica_left_and_its_counts_are_zero():
+    counts = SharedCounts.create(num_rows=2, num_slots=3)
+    worker = SharedCounts.attach(counts.spec, row=1)
+    columns = Columns(counts)
+    try:
+        entries = [{"replica_id": r, "model": "m", "url": "http://a"} for r in ("a", "b")]
+        slots = {e["replica_id"]: e["slot"] for e in columns.assign(entries)}
+        assert sorted(slots.values()) == [0, 1]
+        waiting = columns.of("model:m")
+        assert waiting == 2 and columns.of("model:m") == waiting  # kept
+        worker.add(slots["b"], 1)  # a request to b still in flight
+        assert columns.assign(entries[:1]) == [entries[0] | {"slot": slots["a"]}]
+        assert columns.of("replica:c") == -1  # b's column is still counted: none free
+        worker.add(slots["b"], -1)
+        columns.assign(entries[:1])  # b's requests ended: its column is free again
+        assert columns.of("replica:c") == slots["b"]
+    finally:
+        worker.close()
         counts.close()
 
 
