@@ -203,8 +203,7 @@ class RelayConnection(asyncio.Protocol):
         if self._pieces:
             # The first write goes through aiohttp so that the headers go out with it, and
             # the end of the body too when the whole response is here.
-            first = b"".join(self._pieces)
-            self._pieces.clear()
+            first = _taken(self._pieces)
             if self._done.done() and self._done.result() is Outcome.DONE:
                 await response.write_eof(first)
                 return Outcome.DONE
@@ -222,13 +221,11 @@ class RelayConnection(asyncio.Protocol):
         out = self._out
 
         def flush() -> None:
+            pieces = _taken(out)
             if client.is_closing():
-                out.clear()
-                self._last_piece = b""  # not delivered: tail() must not show it
-                self._client_gone()
+                self._undelivered()
                 return
-            write(out[0] if len(out) == 1 else b"".join(out))
-            out.clear()
+            write(pieces)
             if not self.paused and client.get_write_buffer_size() > HIGH_WATER:
                 self._pause(client)
 
@@ -242,11 +239,9 @@ class RelayConnection(asyncio.Protocol):
     async def _end_with(
         self, out: list[bytes], response: web.StreamResponse, client: asyncio.Transport
     ) -> Outcome:
-        last = out[0] if len(out) == 1 else b"".join(out)
-        out.clear()
+        last = _taken(out)
         if client.is_closing():
-            self._last_piece = b""  # not delivered: tail() must not show it
-            return self._client_gone()
+            return self._undelivered()
         await response.write_eof(last)
         return Outcome.DONE
 
@@ -318,6 +313,11 @@ class RelayConnection(asyncio.Protocol):
 
         loop.call_later(_DRAIN_POLL_S, check)
 
+    def _undelivered(self) -> Outcome:
+        """The client left before the pieces in hand reached it: tail() must not show them."""
+        self._last_piece = b""
+        return self._client_gone()
+
     def _client_gone(self) -> Outcome:
         self._settle(Outcome.CLIENT_GONE)
         self.close()
@@ -337,6 +337,13 @@ class RelayConnection(asyncio.Protocol):
             self._done.set_result(outcome)
         if self._first is not None and not self._first.done():
             self._first.set_result(None)
+
+
+def _taken(pieces: list[bytes]) -> bytes:
+    """The pieces as one bytes object, the list emptied."""
+    joined = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    pieces.clear()
+    return joined
 
 
 def _chunk_writer(client: asyncio.Transport) -> Callable[[bytes], None]:
