@@ -45,24 +45,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gateway_capacity import MODEL, run, summary
 
 from rayfleet.bench.client import Target
+from rayfleet.sim.engine import SimRequest
+from rayfleet.sim.server import DONE, Chunks, sse_event
 
 KINDS = ("aiohttp", "bare+task", "bare")
 _TOKENS = 16
 
 
 def sse_stream() -> bytes:
-    """The body of a streamed 16-token completion, as vLLM frames it."""
-    events = []
-    for i in range(_TOKENS):
-        choice = {"index": 0, "text": " tok", "logprobs": None, "finish_reason": None}
-        if i == _TOKENS - 1:
-            choice["finish_reason"] = "length"
-        chunk = {"id": "cmpl-1", "object": "text_completion", "created": 0, "model": MODEL}
-        events.append(chunk | {"choices": [choice]})
-    usage = {"prompt_tokens": 16, "completion_tokens": _TOKENS, "total_tokens": 16 + _TOKENS}
-    events.append({"id": "cmpl-1", "object": "text_completion", "choices": [], "usage": usage})
-    text = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
-    return text.encode()
+    """The body of a streamed 16-token completion with its usage, framed by the
+    simulator's ``Chunks`` as vLLM frames it."""
+    chunks = Chunks(MODEL, is_chat=False)
+    request = SimRequest(_TOKENS, _TOKENS, [], num_output_tokens=_TOKENS)
+    tokens = [chunks.token(first=n == 1, last=n == _TOKENS) for n in range(1, _TOKENS + 1)]
+    return b"".join(tokens) + sse_event(chunks.usage_chunk(request)) + DONE
 
 
 def chunked_answer(body: bytes) -> bytes:
@@ -182,9 +178,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
                 target = Target(f"http://127.0.0.1:{server.port}", "/v1/completions", MODEL)
                 run(target, 500, 1, args.client_processes, 0, args.in_flight)  # warm
                 before = server.cpu_s()
-                rate = args.max_rps
                 output = run(
-                    target, rate, args.duration_s, args.client_processes, 0, args.in_flight
+                    target, args.max_rps, args.duration_s, args.client_processes, 0, args.in_flight
                 )
                 used = server.cpu_s() - before
             row = {"round": n, "server": kind} | summary(output)

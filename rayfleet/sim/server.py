@@ -37,7 +37,8 @@ class BadRequest(Exception):
     """A request the simulator refuses with 400, as vLLM would."""
 
 
-def _sse(body: dict[str, Any]) -> bytes:
+def sse_event(body: dict[str, Any]) -> bytes:
+    """One server-sent event of ``body``, as vLLM frames its stream's chunks."""
     return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 
@@ -143,10 +144,10 @@ class Replica:
             data = chunks.token(first=count == 1, last=count == request.max_tokens)
             await response.write(data)
         if request.error:
-            await response.write(_sse({"error": {"message": request.error, "code": 503}}))
+            await response.write(sse_event({"error": {"message": request.error, "code": 503}}))
             return response
         if include_usage:
-            await response.write(_sse(chunks.usage_chunk(request)))
+            await response.write(sse_event(chunks.usage_chunk(request)))
         await response.write(DONE)
         return response
 
@@ -197,7 +198,7 @@ class Chunks:
             "created": int(time.time()),
             "model": model,
         }
-        self.middle = _sse({**self.head, "choices": [self._choice(None)]})
+        self.middle = sse_event({**self.head, "choices": [self._choice(None)]})
 
     def _choice(self, finish_reason: str | None, text: str = OUTPUT_TOKEN_TEXT) -> dict[str, Any]:
         if self.is_chat:
@@ -210,11 +211,14 @@ class Chunks:
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
     def token(self, first: bool, last: bool) -> bytes:
-        data = self.middle if not last else _sse({**self.head, "choices": [self._choice("length")]})
+        if last:
+            data = sse_event({**self.head, "choices": [self._choice("length")]})
+        else:
+            data = self.middle
         if first and self.is_chat:  # vLLM sends the role in a chunk of its own first
             role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                     "finish_reason": None}  # fmt: skip
-            return _sse({**self.head, "choices": [role]}) + data
+            return sse_event({**self.head, "choices": [role]}) + data
         return data
 
     def usage(self, request: SimRequest) -> dict[str, Any]:
