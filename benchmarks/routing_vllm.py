@@ -2,7 +2,7 @@
 
     flock /tmp/rayfleet-heavy.lock .venv/bin/python benchmarks/routing_vllm.py \\
         [--rounds 2] [--rate 4] [--round-s 40] [--system-tokens 768] \\
-        [--out docs/results/routing-vllm]
+        [--question-tokens 32] [--output-tokens 16] [--out docs/results/routing-vllm]
 
 Two vLLM servers of the tiny model (the CPU build here), prefix caching on, blocks of
 ``BLOCK_SIZE`` tokens, the KV cache capped with ``num_gpu_blocks_override`` so that each
@@ -15,7 +15,7 @@ process with the round's policy in front of the two URLs (sim_gateway.py, the sa
 runner at a Poisson rate; rounds alternate the order of the policies. Workloads
 (rayfleet.bench.workloads, exact token lengths with the tiny model's tokenizer):
 shared-prefix (``GROUPS`` groups x ``PROMPTS_PER_GROUP`` questions, ``--system-tokens`` /
-``QUESTION_LEN`` / ``OUTPUT_LEN`` tokens, in a random order) and no-reuse (the control).
+``--question-tokens`` / ``--output-tokens`` tokens, in a random order) and no-reuse (the control).
 The servers' ``max_model_len`` is the power of two that holds one whole prompt and its
 output; the tiny model's positions stop at ``MAX_POSITIONS``.
 
@@ -67,26 +67,29 @@ ENGINE_ARGS = {
 }
 
 
-def engine_args(system_len: int, kv_fraction: float) -> dict[str, object]:
+def engine_args(shape: WorkloadShape, kv_fraction: float) -> dict[str, object]:
     """The servers' arguments: a context that holds one whole prompt and its output, and
     KV blocks for ``kv_fraction`` of the system prompts, or one whole context if that is
     more (vLLM refuses fewer blocks than max_model_len needs)."""
-    max_model_len = 1 << (system_len + QUESTION_LEN + OUTPUT_LEN - 1).bit_length()
-    shared = GROUPS * system_len / BLOCK_SIZE
+    prompt_len = shape.system_prompt_len + shape.question_len + shape.output_len
+    max_model_len = 1 << (prompt_len - 1).bit_length()
+    shared = shape.num_groups * shape.system_prompt_len / BLOCK_SIZE
     blocks = max(math.ceil(kv_fraction * shared), max_model_len // BLOCK_SIZE)
     return {**ENGINE_ARGS, "max_model_len": max_model_len, "num_gpu_blocks_override": blocks}
 
 
-def workload_shape(system_len: int) -> WorkloadShape:
-    return WorkloadShape(GROUPS, PROMPTS_PER_GROUP, system_len, QUESTION_LEN, OUTPUT_LEN)
-
-
-def system_tokens(text: str) -> int:
-    """``--system-tokens``: a prompt and its output must fit the tiny model's positions."""
-    value, limit = int(text), MAX_POSITIONS - QUESTION_LEN - OUTPUT_LEN
-    if not 1 <= value <= limit:
-        raise argparse.ArgumentTypeError(f"must be 1 to {limit} (the tiny model's context)")
-    return value
+def workload_shape(system_len: int, question_len: int, output_len: int) -> WorkloadShape:
+    """The shared-prefix shape; a prompt and its output must fit the tiny model's
+    positions (a one-line error naming the options otherwise)."""
+    if min(system_len, question_len, output_len) < 1:
+        sys.exit("error: --system-tokens, --question-tokens and --output-tokens must be >= 1")
+    if system_len + question_len + output_len > MAX_POSITIONS:
+        sys.exit(
+            f"error: --system-tokens {system_len} + --question-tokens {question_len} + "
+            f"--output-tokens {output_len} is over the tiny model's {MAX_POSITIONS} "
+            "positions; lower one of them"
+        )
+    return WorkloadShape(GROUPS, PROMPTS_PER_GROUP, system_len, question_len, output_len)
 
 
 def workload(
@@ -180,9 +183,21 @@ def main() -> None:
     parser.add_argument("--kv-fraction", type=float, default=0.6)
     parser.add_argument(
         "--system-tokens",
-        type=system_tokens,
+        type=int,
         default=SYSTEM_LEN,
         help="tokens of each group's system prompt (SGLang's published setting is 2,048)",
+    )
+    parser.add_argument(
+        "--question-tokens",
+        type=int,
+        default=QUESTION_LEN,
+        help="tokens of each question after it (SGLang's published setting is 128)",
+    )
+    parser.add_argument(
+        "--output-tokens",
+        type=int,
+        default=OUTPUT_LEN,
+        help="tokens of each answer (SGLang's published setting is 256)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -194,10 +209,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/results/routing-vllm"))
     args = parser.parse_args()
 
+    shape = workload_shape(args.system_tokens, args.question_tokens, args.output_tokens)
     model = str(make_tiny())
     tokenizer = load_tokenizer(model)
-    shape = workload_shape(args.system_tokens)
-    arguments = engine_args(args.system_tokens, args.kv_fraction)
+    arguments = engine_args(shape, args.kv_fraction)
     num_prompts = int(args.rate * args.round_s)
     policies = args.policies
     results: dict[str, dict[str, list[dict]]] = {s: {p: [] for p in policies} for s in SCENARIOS}
