@@ -16,15 +16,25 @@ those ratios, their mean and N-scaling (ratio / N; the issue's goal is at least 
 Cores: the gateway processes get the first max(N) cores (one each; with two hardware
 threads a core, a physical core each, its other thread idle), the simulator processes the
 next ones, the client the rest, as in gateway_capacity.py's ``placement``.
+
+``--independent`` is the control that tells the gateway's scaling from the machine's: N
+single-process gateways, each on a port and a core of its own and sharing nothing, each
+driven by its own share of the client processes at once. If their CPU per request also
+grows with N, the cause is the machine (caches, memory, the hypervisor), not what
+gateway.workers' processes share. Each row also splits the gateway CPU into user and
+system time.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import multiprocessing as mp
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -58,16 +68,82 @@ def one_round(
         target = Target(gateway.url, "/v1/completions", MODEL)
         run(target, 200, 1, args.client_processes, args.seed)  # connections made, code warm
         num_per_s = args.max_rps_per_worker * workers
-        before = gateway.cpu_s()
+        before = gateway.cpu_times()
         output = run(target, num_per_s, args.duration_s, args.client_processes, 0, in_flight)
-        used_s = gateway.cpu_s() - before
+        used = [b - a for a, b in zip(before, gateway.cpu_times(), strict=True)]
     result = summary(output)
+    return {"workers": workers, "in_flight": in_flight, **result} | cpu_columns(
+        used, len(output.results), output.duration_s
+    )
+
+
+def independent_round(
+    urls: list[str], count: int, cpus: list[int] | None, args: argparse.Namespace
+) -> dict:
+    """``count`` single-process gateways sharing nothing, each driven by its own share
+    of the client processes at the same time: the control for one_round."""
+    with contextlib.ExitStack() as stack:
+        gateways = [
+            stack.enter_context(
+                GatewayProcess(urls, MODEL, "least_load", cpu=cpus[n] if cpus else None)
+            )
+            for n in range(count)
+        ]
+        processes = max(1, args.client_processes // count)
+        for gateway in gateways:
+            run(Target(gateway.url, "/v1/completions", MODEL), 200, 1, processes, args.seed)
+        before = [gateway.cpu_times() for gateway in gateways]
+        context = mp.get_context("spawn")
+        queue: Any = context.Queue()
+        clients = [
+            context.Process(
+                target=client_share,
+                args=(gateway.url, processes, args.in_flight_per_worker, args, queue),
+            )
+            for gateway in gateways
+        ]
+        for client in clients:
+            client.start()
+        shares = [queue.get() for _ in clients]
+        for client in clients:
+            client.join()
+        after = [gateway.cpu_times() for gateway in gateways]
+    used = [sum(b[i] - a[i] for a, b in zip(before, after, strict=True)) for i in range(2)]
+    num = sum(share["num_results"] for share in shares)
+    duration_s = max(share["duration_s"] for share in shares)
     return {
-        "workers": workers,
-        "in_flight": in_flight,
-        **result,
-        "gateway_cpu_us_per_request": 1e6 * used_s / max(len(output.results), 1),
-        "gateway_cores_busy": used_s / output.duration_s,
+        "workers": count,
+        "independent": True,
+        "in_flight": args.in_flight_per_worker * count,
+        "achieved_rps": sum(share["achieved_rps"] for share in shares),
+        "num_failed": sum(share["num_failed"] for share in shares),
+        "num_refused": sum(share["num_refused"] for share in shares),
+        "ttft_p50_ms": max(share["ttft_p50_ms"] for share in shares),
+        "ttft_p99_ms": max(share["ttft_p99_ms"] for share in shares),
+        "per_gateway_rps": [share["achieved_rps"] for share in shares],
+    } | cpu_columns(used, num, duration_s)
+
+
+def client_share(
+    url: str, processes: int, in_flight: int, args: argparse.Namespace, queue: Any
+) -> None:
+    """One gateway's closed loop, in a process of its own (run_load's workers need their
+    parent's main thread): its summary, request count and duration on ``queue``."""
+    target = Target(url, "/v1/completions", MODEL)
+    output = run(target, args.max_rps_per_worker, args.duration_s, processes, 0, in_flight)
+    queue.put(
+        summary(output) | {"num_results": len(output.results), "duration_s": output.duration_s}
+    )
+
+
+def cpu_columns(used: list[float], num_requests: int, duration_s: float) -> dict:
+    """Gateway CPU per request and cores busy from (user, system) seconds, and the
+    system time's share."""
+    total_s = sum(used)
+    return {
+        "gateway_cpu_us_per_request": 1e6 * total_s / max(num_requests, 1),
+        "gateway_cores_busy": total_s / duration_s if duration_s else 0.0,
+        "gateway_system_share": used[1] / total_s if total_s else 0.0,
     }
 
 
@@ -77,7 +153,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
     with pinned_fleet(args.replicas, args.sim_processes, max(counts)) as (urls, gateway_cpus):
         for round_no in range(args.rounds):
             for workers in counts if round_no % 2 == 0 else counts[::-1]:
-                row = {"round": round_no, **one_round(urls, workers, gateway_cpus, args)}
+                measure_one = independent_round if args.independent else one_round
+                row = {"round": round_no, **measure_one(urls, workers, gateway_cpus, args)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     return rows
@@ -86,7 +163,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
 def print_table(rows: list[dict]) -> None:
     print(
         f"\n{'workers':>7s} {'req/s per round':>32s} {'vs 1 worker':>24s} {'mean':>6s} "
-        f"{'scaling':>7s} {'CPU/req':>8s}"
+        f"{'scaling':>7s} {'CPU/req':>8s} {'system':>6s}"
     )
     rounds = sorted({row["round"] for row in rows})
     one = {row["round"]: row["achieved_rps"] for row in rows if row["workers"] == 1}
@@ -96,10 +173,11 @@ def print_table(rows: list[dict]) -> None:
         ratios = [mine[r]["achieved_rps"] / one[r] for r in rounds if r in mine and one.get(r)]
         mean = statistics.mean(ratios) if ratios else float("nan")
         cpu = statistics.mean(mine[r]["gateway_cpu_us_per_request"] for r in mine)
+        system = statistics.mean(mine[r]["gateway_system_share"] for r in mine)
         print(
             f"{workers:7d} {', '.join(f'{x:,.0f}' for x in rps):>32s} "
             f"{', '.join(f'{x:.2f}' for x in ratios):>24s} {mean:6.2f} {mean / workers:6.2f}N "
-            f"{cpu:6.0f}us"
+            f"{cpu:6.0f}us {system:6.0%}"
         )
 
 
@@ -115,6 +193,12 @@ def main() -> None:
         type=float,
         default=4000.0,
         help="sizes the closed loop's request count: this x workers x duration",
+    )
+    parser.add_argument(
+        "--independent",
+        action="store_true",
+        help="N single-process gateways sharing nothing, each with its own port, core and "
+        "client share, instead of gateway.workers' N processes on one port (the control)",
     )
     parser.add_argument("--out", type=Path, default=Path("results/gateway_scaling.json"))
     args = parser.parse_args()

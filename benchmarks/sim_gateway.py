@@ -80,15 +80,19 @@ class GatewayProcess:
 
     def cpu_s(self) -> float:
         """User + system CPU seconds of the gateway and its worker processes so far."""
+        return sum(self.cpu_times())
+
+    def cpu_times(self) -> tuple[float, float]:
+        """(user, system) CPU seconds of the gateway and its worker processes so far."""
         import psutil
 
         main = psutil.Process(self.pid)
-        total = 0.0
+        user = system = 0.0
         for process in [main, *main.children(recursive=True)]:
             with contextlib.suppress(psutil.NoSuchProcess):
                 times = process.cpu_times()
-                total += times.user + times.system
-        return total
+                user, system = user + times.user, system + times.system
+        return user, system
 
     def metrics(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as response:
