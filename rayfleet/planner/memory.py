@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rayfleet.planner.model_spec import DTYPE_BYTES, ModelSpec
+from rayfleet.planner.model_spec import ModelSpec
 from rayfleet.planner.params import LayerParams, ModelParams, count_params
+from rayfleet.planner.weight_format import DTYPE_BYTES
 
 GiB = 1024**3
 # CUDA context, CUDA graphs, allocator slack: measured vLLM servers sit near 1 GiB per GPU.
