@@ -52,8 +52,9 @@ from sim_gateway import GatewayProcess, sim_fleets
 
 from rayfleet.bench.client import Target
 from rayfleet.bench.datasets import Prompt
+from rayfleet.bench.drive import RunOutput
 from rayfleet.bench.load import LoadShape
-from rayfleet.bench.runner import RunOutput, run_load
+from rayfleet.bench.runner import run_load
 from rayfleet.sim.spec import EngineSpec
 
 MODEL = "sim"

@@ -51,8 +51,8 @@ from fleet_load import (
 
 from rayfleet.bench.client import RequestResult, Target
 from rayfleet.bench.datasets import Prompt, load_tokenizer
+from rayfleet.bench.drive import Counts, drive, use_uvloop
 from rayfleet.bench.load import LoadShape, arrival_offsets_s
-from rayfleet.bench.runner import Counts, drive, use_uvloop
 from rayfleet.models import make_tiny
 
 REQUEST_TIMEOUT_S = 600.0

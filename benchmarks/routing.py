@@ -55,8 +55,9 @@ from sim_gateway import GatewayProcess, get_json, policy_list, sim_fleets
 
 from rayfleet.bench.client import Target
 from rayfleet.bench.datasets import DatasetSpec, Prompt, WorkloadShape
+from rayfleet.bench.drive import RunOutput
 from rayfleet.bench.load import LoadShape
-from rayfleet.bench.runner import RunOutput, run_load
+from rayfleet.bench.runner import run_load
 from rayfleet.bench.workloads import make_workload
 from rayfleet.sim.spec import EngineSpec, load_spec
 

@@ -46,8 +46,9 @@ from sim_gateway import GatewayProcess, metric_sum, policy_list
 
 from rayfleet.bench.client import Target
 from rayfleet.bench.datasets import DatasetSpec, Prompt, WorkloadShape, load_tokenizer
+from rayfleet.bench.drive import RunOutput
 from rayfleet.bench.load import LoadShape
-from rayfleet.bench.runner import RunOutput, run_load
+from rayfleet.bench.runner import run_load
 from rayfleet.bench.workloads import make_workload
 from rayfleet.control.engine import EngineProcess
 from rayfleet.models.build import make_tiny

@@ -56,7 +56,7 @@ from fleet_load import (
 
 from rayfleet.bench.client import Target, open_session, request_body, send_request
 from rayfleet.bench.datasets import Prompt, load_tokenizer
-from rayfleet.bench.runner import use_uvloop
+from rayfleet.bench.drive import use_uvloop
 from rayfleet.models import make_tiny
 
 REQUEST_TIMEOUT_S = 120.0

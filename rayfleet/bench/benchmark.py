@@ -13,9 +13,10 @@ from datetime import datetime
 
 from rayfleet.bench.client import RequestResult, Target, send_one
 from rayfleet.bench.datasets import DatasetSpec, Prompt, Tokenizer, make_prompts
+from rayfleet.bench.drive import Counts, RunOutput
 from rayfleet.bench.load import LoadShape, check_shape
 from rayfleet.bench.metrics import DEFAULT_PERCENTILES, Summary, summarize
-from rayfleet.bench.runner import Counts, RunOutput, run_load
+from rayfleet.bench.runner import run_load
 from rayfleet.errors import RayfleetError
 
 

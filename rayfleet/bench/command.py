@@ -28,8 +28,8 @@ from rayfleet.option_groups import option_groups
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from rayfleet.bench.drive import Counts
     from rayfleet.bench.flags import BenchPlan
-    from rayfleet.bench.runner import Counts
     from rayfleet.bench.sweep import SweepPlan
 
 AUTO_NAME = ""

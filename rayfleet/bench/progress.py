@@ -7,7 +7,7 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rayfleet.bench.runner import Counts
+from rayfleet.bench.drive import Counts
 
 
 class LiveProgress:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 
 from rayfleet.bench.benchmark import BenchConfig, BenchRun, run_benchmark
 from rayfleet.bench.datasets import Tokenizer, make_prompts
+from rayfleet.bench.drive import Counts
 from rayfleet.bench.metrics import Summary, error_share, slo_attainment
-from rayfleet.bench.runner import Counts
 from rayfleet.errors import RayfleetError
 
 SWEEP_VARIABLES = ("request_rate", "max_concurrency")
