@@ -1,12 +1,15 @@
 """fleet.yaml, validated: one pydantic model per section, one-line errors.
 
-    fleet.py     FleetConfig (cluster, gateway, models), ModelConfig;
+    fleet.py     FleetConfig (cluster, gateway, models) and its cross-section checks;
                  load_fleet / parse_fleet / default_fleet; derived engine arguments
+    models.py    ModelConfig: one model served as a group of identical replicas (models[])
     cluster.py   ClusterConfig: the Ray address, placement deadline
     shape.py     whether a model's replica shape (executor, nodes, GPUs) holds its
                  engine; gpus.py the GPU rule
-    gateway.py   GatewayConfig and its policies: limits, routes and rules, fallback
-                 providers, priority classes, API keys, replica protection
+    gateway.py   GatewayConfig and its policies: limits, fallback providers, priority
+                 classes, API keys, replica protection
+    route_rules.py  RouteConfig, RuleConfig, TimeWindow: virtual model names and the
+                 ordered rules that pick their target (gateway.routes)
     routing.py   RoutingConfig: the replica policy of a model (models[].routing)
     autoscaling.py  AutoscalingConfig and ScheduleWindow: a model's replica bounds,
                  load target and weekly windows (models[].autoscaling, .schedules)
@@ -21,14 +24,7 @@ rayfleet/control/engine_args.py.
 
 from rayfleet.config.autoscaling import AutoscalingConfig, ScheduleWindow
 from rayfleet.config.cluster import ClusterConfig
-from rayfleet.config.fleet import (
-    DerivedArg,
-    FleetConfig,
-    ModelConfig,
-    default_fleet,
-    load_fleet,
-    parse_fleet,
-)
+from rayfleet.config.fleet import DerivedArg, FleetConfig, default_fleet, load_fleet, parse_fleet
 from rayfleet.config.gateway import (
     ApiKeyConfig,
     FallbackConfig,
@@ -37,12 +33,11 @@ from rayfleet.config.gateway import (
     PriorityClassConfig,
     ProviderConfig,
     ReplicaProtectionConfig,
-    RouteConfig,
-    RuleConfig,
-    TimeWindow,
 )
 from rayfleet.config.kubernetes import KubernetesConfig
 from rayfleet.config.messages import did_you_mean
+from rayfleet.config.models import ModelConfig
+from rayfleet.config.route_rules import RouteConfig, RuleConfig, TimeWindow
 from rayfleet.config.routing import RoutingConfig
 
 __all__ = [

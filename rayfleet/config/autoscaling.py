@@ -25,7 +25,7 @@ to 1 at night). Two windows may share a name (a night written as 22:00-24:00 and
 each is laid out in UTC over a January and a July week (standard and daylight time of both
 hemispheres) and compared there; days on which a clock changes are not checked.
 
-``ModelConfig`` (rayfleet/config/fleet.py) holds both fields and calls
+``ModelConfig`` (rayfleet/config/models.py) holds both fields and calls
 ``replica_count_problem`` from its validator: ``replicas`` together with ``autoscaling``,
 and windows above the model's ceiling, are one-line errors. What the bounds are at an
 instant is rayfleet/control/windows.py; the scaling decision is rayfleet/control/autoscaler.py.
@@ -43,7 +43,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 from rayfleet.config.base import StrictModel
 
 if TYPE_CHECKING:
-    from rayfleet.config.fleet import ModelConfig
+    from rayfleet.config.models import ModelConfig
 
 Day = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 DAYS: tuple[Day, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")

@@ -1,11 +1,12 @@
 """fleet.yaml's ``gateway`` section: the endpoint and the policies it applies to requests.
 
 ``GatewayConfig`` is the section; each policy has a model of its own: ``LimitsConfig``
-(request caps), ``RouteConfig`` with its ordered ``RuleConfig``s (and ``TimeWindow``),
-``FallbackConfig`` with its ``ProviderConfig``s, ``PriorityClassConfig``, ``ApiKeyConfig``
-and ``ReplicaProtectionConfig``. ``GatewayConfig`` checks that every class and provider
-its rules, keys and defaults name is defined in the section; that every model a route
-or a limit names is in the fleet is checked by ``FleetConfig`` (rayfleet/config/fleet.py).
+(request caps), ``RouteConfig`` with its ordered ``RuleConfig``s (and ``TimeWindow``; all
+three in rayfleet/config/route_rules.py), ``FallbackConfig`` with its ``ProviderConfig``s,
+``PriorityClassConfig``, ``ApiKeyConfig`` and ``ReplicaProtectionConfig``.
+``GatewayConfig`` checks that every class and provider its rules, keys and defaults name
+is defined in the section; that every model a route or a limit names is in the fleet is
+checked by ``FleetConfig`` (rayfleet/config/fleet.py).
 The gateway reads these models through ``rayfleet.gateway.policies.Policies.from_fleet``.
 """
 
@@ -13,9 +14,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rayfleet.config.base import StrictModel
+from rayfleet.config.route_rules import RouteConfig
 
 
 class LimitsConfig(StrictModel):
@@ -44,69 +46,6 @@ class LimitsConfig(StrictModel):
         default=True,
         description="Refuse a request whose prompt plus max_tokens exceeds the model's "
         "context length with a 400 giving both numbers, before it reaches the engine.",
-    )
-
-
-class TimeWindow(StrictModel):
-    """A daily window of wall-clock time in gateway.timezone; 'from' after 'to' wraps midnight."""
-
-    start: str = Field(alias="from", description="Start, 'HH:MM' (inclusive).")
-    end: str = Field(alias="to", description="End, 'HH:MM' (exclusive).")
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    @field_validator("start", "end")
-    @classmethod
-    def _clock_time(cls, value: str) -> str:
-        parts = value.split(":")
-        if (
-            len(parts) == 2
-            and all(p.isdigit() for p in parts)
-            and int(parts[1]) < 60
-            and (int(parts[0]) < 24 or (int(parts[0]) == 24 and parts[1] == "00"))
-        ):
-            return value
-        raise ValueError(f"'{value}' is not a time of day 'HH:MM' (00:00 to 24:00)")
-
-
-class RuleConfig(StrictModel):
-    """One rule of a route: every condition given must hold; the first rule that holds wins."""
-
-    name: str = Field(min_length=1, description="Shown in the x-rayfleet-route header.")
-    target: str = Field(
-        min_length=1, description="A model of the fleet, or 'fallback:<provider name>'."
-    )
-    prompt_tokens_below: int | None = Field(
-        default=None,
-        ge=1,
-        description="Holds when the prompt has fewer tokens than this (counted "
-        "with the target model's tokenizer).",
-    )
-    prompt_tokens_at_least: int | None = Field(
-        default=None, ge=0, description="Holds when the prompt has at least this many tokens."
-    )
-    priority_classes: list[str] | None = Field(
-        default=None,
-        min_length=1,
-        description="Holds when the request's priority class is one of these.",
-    )
-    time_of_day: TimeWindow | None = Field(
-        default=None, description="Holds inside this daily window (gateway.timezone)."
-    )
-
-
-class RouteConfig(StrictModel):
-    """A virtual model name whose target is chosen per request by ordered rules."""
-
-    name: str = Field(min_length=1, description="The model name clients send for this route.")
-    rules: list[RuleConfig] = Field(min_length=1, description="Tried in order.")
-    fallback: str | None = Field(
-        default=None, description="Provider used when no rule holds or every rule's target is down."
-    )
-    tokenizer: str | None = Field(
-        default=None,
-        description="Model whose tokenizer counts prompt tokens for rules whose target "
-        "is a provider (default: the first model a rule names).",
     )
 
 

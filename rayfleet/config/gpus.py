@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rayfleet.config.fleet import ModelConfig
+    from rayfleet.config.models import ModelConfig
 
 
 def gpu_shortfall(model: ModelConfig) -> str | None:

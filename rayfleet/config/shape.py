@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from rayfleet.config.gpus import gpu_shortfall
 
 if TYPE_CHECKING:
-    from rayfleet.config.fleet import ModelConfig
+    from rayfleet.config.models import ModelConfig
 
 # vLLM's multi-node flags: rayfleet sets them for every rank of a replica.
 RANK_ENGINE_ARGS = ("nnodes", "node_rank", "master_addr", "master_port", "headless")
