@@ -12,7 +12,7 @@
                    note_admission     (dispatch.py) the model and route rule it went to
                    note_answer        (attempt.py) time to first byte, and the usage of a
                                       response that ended whole (found by a byte search
-                                      at its end, as attempt.usage_tokens does)
+                                      at its end: response_end.py)
                    one line           on the ``rayfleet.access`` logger, at INFO, once the
                                       answer has ended (or the client left: status 499,
                                       unless it had read a stream's [DONE])
@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from rayfleet.gateway.errors import GATEWAY_REPLICA, REPLICA_HEADER
+from rayfleet.gateway.response_end import last_count
 from rayfleet.gateway.upstream import Exchange, Outcome
 from rayfleet.gateway.validate import INPUT_FIELDS
 
@@ -62,8 +63,6 @@ log = logging.getLogger("rayfleet.access")
 
 REQUEST_ID_HEADER = "x-request-id"
 _CLIENT_ID = re.compile(r"[\x21-\x7e]{1,128}")
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -136,8 +135,8 @@ def note_answer(request: web.Request, exchange: Exchange, outcome: Outcome, star
         record.ttft_s = exchange.first_byte_at - started
     if outcome is Outcome.DONE and log.isEnabledFor(logging.INFO):
         end = exchange.end()
-        record.prompt_tokens = _last_number(_PROMPT_TOKENS, end)
-        record.completion_tokens = _last_number(_COMPLETION_TOKENS, end)
+        record.prompt_tokens = last_count(b"prompt_tokens", end)
+        record.completion_tokens = last_count(b"completion_tokens", end)
 
 
 def note_delivered(request: web.Request, status: int, replica: str) -> None:
@@ -242,8 +241,3 @@ def _error_code(body: Any) -> str | None:
     except (ValueError, KeyError, TypeError):
         return None
     return str(code) if code is not None else None
-
-
-def _last_number(pattern: re.Pattern[bytes], end: bytes) -> int | None:
-    numbers = pattern.findall(end)  # the last one is the usage's
-    return int(numbers[-1]) if numbers else None

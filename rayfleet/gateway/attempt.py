@@ -16,8 +16,8 @@ model's replica policy has ``observe_usage`` (replica_policy.py), the prompt and
 tokens of ``usage`` (``prompt_tokens_details.cached_tokens``, None when the replica does
 not report them) are found in the end of the
 body (``Exchange.end``: a whole body, or a stream's usage chunk before ``[DONE]``) by a
-byte search, no JSON decoding, and passed to it. The relay itself pays one attribute
-write per piece for this; a policy without the hook, nothing more.
+byte search (response_end.py), no JSON decoding, and passed to it. The relay itself pays
+one attribute write per piece for this; a policy without the hook, nothing more.
 
 When the client goes away, aiohttp cancels the handler (``handler_cancellation``): the
 exchange is finished uncompleted, which closes the upstream connection whatever ``run``
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from rayfleet.gateway.errors import (
 from rayfleet.gateway.metrics import GatewayMetrics
 from rayfleet.gateway.replica_policy import RequestInfo
 from rayfleet.gateway.replicas import Replica, ReplicaSet
+from rayfleet.gateway.response_end import delivered_whole, event_boundary, usage_tokens
 from rayfleet.gateway.upstream import (
     Exchange,
     Outcome,
@@ -60,10 +60,6 @@ from rayfleet.gateway.upstream import (
 log = logging.getLogger("rayfleet.gateway")
 
 CLIENT_CLOSED = 499  # the status access logs show for a client that left (nginx's usage)
-_CACHED_TOKENS = b'"cached_tokens":'
-_PROMPT_TOKENS = b'"prompt_tokens":'
-_NUMBER = re.compile(rb"\s*(\d+)")
-_STREAM_END = b"data: [DONE]"
 
 
 @dataclass(frozen=True)
@@ -264,7 +260,7 @@ class Attempts:
             self._replica_failed(target, "stream_broken")
             event = sse_error_event(f"{target.label} failed mid-stream; the response is incomplete")
         if tail is not None:
-            await response.write(_event_boundary(tail) + event)
+            await response.write(event_boundary(tail) + event)
 
     @staticmethod
     def timed_out(admission: Admission, limits: TimeLimits) -> RequestError:
@@ -318,36 +314,9 @@ def _response_like(exchange: Exchange, label: str, extra: Mapping[str, str]) -> 
     return response
 
 
-def usage_tokens(end: bytes) -> tuple[int, int | None] | None:
-    """(prompt_tokens, cached_tokens) of the last usage in ``end``, the end of a response
-    body; cached_tokens None when that usage reports none (vLLM without
-    ``--enable-prompt-tokens-details``); None when there is no usage."""
-    at = end.rfind(_PROMPT_TOKENS)
-    prompt = _NUMBER.match(end, at + len(_PROMPT_TOKENS)) if at >= 0 else None
-    if prompt is None:
-        return None
-    at = end.find(_CACHED_TOKENS, prompt.end())
-    cached = _NUMBER.match(end, at + len(_CACHED_TOKENS)) if at >= 0 else None
-    return int(prompt.group(1)), int(cached.group(1)) if cached is not None else None
-
-
-def _event_boundary(last_chunk: bytes) -> bytes:
-    """What ends an SSE event the upstream cut off mid-way, so that ours stands alone."""
-    if not last_chunk or last_chunk.endswith(b"\n\n"):
-        return b""
-    return b"\n" if last_chunk.endswith(b"\n") else b"\n\n"
-
-
 def narrowed_by_class(admission: Admission) -> bool:
     """Whether the request's priority class sets time limits of its own."""
     priority_class = admission.priority_class
     return priority_class is not None and (
         priority_class.timeout_s is not None or priority_class.stream_idle_timeout_s is not None
     )
-
-
-def delivered_whole(exchange: Exchange) -> bool:
-    """Whether the client has had a stream's ``data: [DONE]``, its last event: the
-    answer whole, though the response itself had not ended when the client closed."""
-    tail = exchange.tail()
-    return tail is not None and tail.rstrip().endswith(_STREAM_END)

@@ -12,9 +12,9 @@ import aiohttp
 
 from rayfleet.config import RoutingConfig
 from rayfleet.gateway.app import Gateway
-from rayfleet.gateway.attempt import usage_tokens
 from rayfleet.gateway.policies import Policies
 from rayfleet.gateway.prefix_routing import PrefixRouting
+from rayfleet.gateway.response_end import usage_tokens
 from rayfleet.gateway.routing import TimedPolicy
 from rayfleet.gateway.server import start_gateway
 from rayfleet.sim import EngineSpec, SimFleet

@@ -1,0 +1,54 @@
+"""What the end of a relayed response says, read as bytes: the usage it reports, whether a
+stream's last event reached the client, and how to close an event the upstream cut off.
+
+These read only ``Exchange.end()`` and ``Exchange.tail()`` (upstream.py), by byte
+searches with no JSON decoding, and hold no state: attempt.py decides what to count from
+their answers, and they are tested on bytes alone, without a request or a replica.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rayfleet.gateway.upstream import Exchange
+
+_CACHED_TOKENS = b'"cached_tokens":'
+_PROMPT_TOKENS = b'"prompt_tokens":'
+_NUMBER = re.compile(rb"\s*(\d+)")
+_STREAM_END = b"data: [DONE]"
+
+
+def usage_tokens(end: bytes) -> tuple[int, int | None] | None:
+    """(prompt_tokens, cached_tokens) of the last usage in ``end``, the end of a response
+    body; cached_tokens None when that usage reports none (vLLM without
+    ``--enable-prompt-tokens-details``); None when there is no usage."""
+    at = end.rfind(_PROMPT_TOKENS)
+    prompt = _NUMBER.match(end, at + len(_PROMPT_TOKENS)) if at >= 0 else None
+    if prompt is None:
+        return None
+    at = end.find(_CACHED_TOKENS, prompt.end())
+    cached = _NUMBER.match(end, at + len(_CACHED_TOKENS)) if at >= 0 else None
+    return int(prompt.group(1)), int(cached.group(1)) if cached is not None else None
+
+
+def last_count(key: bytes, end: bytes) -> int | None:
+    """The number after the last ``"key":`` in ``end`` (``b"completion_tokens"``: the
+    usage's, which comes after any the answer itself holds); None when there is none."""
+    field = b'"' + key + b'":'
+    at = end.rfind(field)
+    number = _NUMBER.match(end, at + len(field)) if at >= 0 else None
+    return int(number.group(1)) if number is not None else None
+
+
+def event_boundary(last_chunk: bytes) -> bytes:
+    """What ends an SSE event the upstream cut off mid-way, so that ours stands alone."""
+    if not last_chunk or last_chunk.endswith(b"\n\n"):
+        return b""
+    return b"\n" if last_chunk.endswith(b"\n") else b"\n\n"
+
+
+def delivered_whole(exchange: Exchange) -> bool:
+    """Whether the client has had a stream's ``data: [DONE]``, its last event: the
+    answer whole, though the response itself had not ended when the client closed."""
+    tail = exchange.tail()
+    return tail is not None and tail.rstrip().endswith(_STREAM_END)
