@@ -3,10 +3,12 @@
 Blocks are counted, not stored. A request reserves the blocks of its prompt and output
 when it is admitted (``allocate``); the blocks its prompt shares with cached ones are
 referenced instead of taken. A prompt block gets its chained hash once it is computed
-(``commit``), and from then on any request whose prompt starts the same way reuses it.
+(``commit``), and from then on any request whose prompt starts the same way reuses it;
+the answer's full blocks get theirs, chained on, when it ends (engine.py, ``cache_answer``).
 When a request finishes (``free``), its hashed blocks stay cached but evictable, least
-recently used first, and the tail of a prompt before its head (as vLLM frees them), so a
-chain is cut from its end; unhashed blocks return to the free pool. A block is evicted
+recently used first, and the tail of a sequence before its head (as vLLM frees them), so
+a chain is cut from its end: an answer's blocks go before its prompt's, and they evict
+older prefixes as any block does. Unhashed blocks return to the free pool. A block is evicted
 only when a new allocation needs room.
 
 Simplification, stated: vLLM allocates output blocks as tokens are generated and
@@ -76,7 +78,7 @@ class KVCache:
         return Allocation(list(hit_hashes), num_new_blocks)
 
     def commit(self, allocation: Allocation, block_hash: int) -> None:
-        """A computed prompt block gets its hash (unless another request cached it first)."""
+        """A computed block gets its hash (unless another request cached it first)."""
         if allocation.num_anonymous == 0 or block_hash in self.refs:
             return
         if block_hash in self.evictable:

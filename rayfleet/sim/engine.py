@@ -28,15 +28,18 @@ from dataclasses import dataclass, field
 from rayfleet.sim.cache import Allocation, KVCache
 from rayfleet.sim.spec import EngineSpec
 from rayfleet.sim.stats import EngineStats
+from rayfleet.sim.tokens import OUTPUT_TOKEN_TEXT, block_hashes
 
 
 @dataclass(eq=False)
 class SimRequest:
-    """A request as the engine sees it: its prompt's length and block hashes."""
+    """A request as the engine sees it: its prompt's length and block hashes, and the
+    prompt's text after its last full block (where the answer's first block starts)."""
 
     num_prompt_tokens: int
     max_tokens: int
     hashes: list[int]
+    tail: str = ""
     arrival_s: float = field(default_factory=time.monotonic)
     num_cached_tokens: int = 0
     num_computed_tokens: int = 0
@@ -164,10 +167,20 @@ class Engine:
     def retire_if_done(self, request: SimRequest) -> bool:
         if request.num_output_tokens < request.max_tokens:
             return False
+        self.cache_answer(request)
         self.cache.free(request.allocation)
         self.stats.num_finished += 1
         request.events.put_nowait(None)
         return True
+
+    def cache_answer(self, request: SimRequest) -> None:
+        """Hash the answer's full blocks, chained on from the prompt's, as vLLM hashes every
+        full block of a sequence: freed, they stay cached (the next turn of a chat, which
+        repeats the answer, reuses them) and take room from older prefixes like any block."""
+        answer = request.tail + OUTPUT_TOKEN_TEXT * request.num_output_tokens
+        parent = request.hashes[-1] if request.hashes else 0
+        for h in block_hashes(answer, self.spec.block_size, parent):
+            self.cache.commit(request.allocation, h)
 
     def abort(self, request: SimRequest) -> None:
         """Drop a request whose client went away (vLLM aborts it too)."""

@@ -28,7 +28,13 @@ from aiohttp import web
 from rayfleet.sim.engine import Engine, SimRequest
 from rayfleet.sim.metrics import render_metrics
 from rayfleet.sim.spec import EngineSpec
-from rayfleet.sim.tokens import OUTPUT_TOKEN_TEXT, block_hashes, num_tokens, render_chat
+from rayfleet.sim.tokens import (
+    OUTPUT_TOKEN_TEXT,
+    block_hashes,
+    num_tokens,
+    partial_block,
+    render_chat,
+)
 
 DONE = b"data: [DONE]\n\n"
 
@@ -100,7 +106,13 @@ class Replica:
         )
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise BadRequest("max_tokens must be a positive integer")
-        request = SimRequest(num_tokens(text), max_tokens, block_hashes(text, self.spec.block_size))
+        block_size = self.spec.block_size
+        request = SimRequest(
+            num_tokens(text),
+            max_tokens,
+            block_hashes(text, block_size),
+            partial_block(text, block_size),
+        )
         if self.engine.num_blocks_needed(request) > self.spec.num_gpu_blocks:
             raise BadRequest(
                 f"prompt ({request.num_prompt_tokens} tokens) plus max_tokens ({max_tokens}) "

@@ -39,12 +39,17 @@ def render_chat(messages: list[dict[str, Any]], tools: list[Any] | None = None) 
     return "".join(parts)
 
 
-def block_hashes(text: str, block_size: int) -> list[int]:
-    """Chained hashes of the prompt's full blocks (a partial last block is never cached)."""
+def block_hashes(text: str, block_size: int, parent: int = 0) -> list[int]:
+    """Chained hashes of the full blocks of ``text`` (a partial last block is never
+    cached), continuing the chain that ended in hash ``parent`` when given."""
     chars = block_size * CHARS_PER_TOKEN
     hashes = []
-    parent = 0
     for start in range(0, len(text) - chars + 1, chars):
         parent = hash((parent, text[start : start + chars]))
         hashes.append(parent)
     return hashes
+
+
+def partial_block(text: str, block_size: int) -> str:
+    """What follows the last full block of ``text``: where an answer's first block starts."""
+    return text[len(text) - len(text) % (block_size * CHARS_PER_TOKEN) :]

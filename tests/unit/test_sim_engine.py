@@ -11,7 +11,13 @@ from rayfleet.errors import RayfleetError
 from rayfleet.sim.cache import KVCache
 from rayfleet.sim.engine import Engine, SimRequest
 from rayfleet.sim.spec import EngineSpec, spec_from_dict
-from rayfleet.sim.tokens import block_hashes, num_tokens, render_chat
+from rayfleet.sim.tokens import (
+    OUTPUT_TOKEN_TEXT,
+    block_hashes,
+    num_tokens,
+    partial_block,
+    render_chat,
+)
 
 
 def make_spec(**overrides: object) -> EngineSpec:
@@ -28,7 +34,13 @@ def make_spec(**overrides: object) -> EngineSpec:
 
 
 def make_request(text: str, max_tokens: int = 4, block_size: int = 16) -> SimRequest:
-    return SimRequest(num_tokens(text), max_tokens, block_hashes(text, block_size))
+    hashes = block_hashes(text, block_size)
+    return SimRequest(num_tokens(text), max_tokens, hashes, partial_block(text, block_size))
+
+
+def run_to_end(engine: Engine) -> None:
+    while engine.running or engine.waiting:
+        engine.finish(engine.schedule())
 
 
 def test_tokens_are_four_characters_and_blocks_are_chained() -> None:
@@ -128,6 +140,32 @@ def test_a_fully_cached_prompt_still_computes_its_last_block() -> None:
         while engine.running or engine.waiting:
             engine.finish(engine.schedule())
     assert request.num_cached_tokens == 48  # 3 of 4 blocks, as vLLM recomputes the last token
+
+
+def test_an_answer_stays_cached_for_the_next_turn_and_takes_room_like_a_prompt() -> None:
+    engine = Engine(make_spec(num_gpu_blocks=12))
+    turn = render_chat([{"role": "user", "content": "q" * 150}])  # 2 full blocks, 40 chars on
+    engine.submit(make_request(turn, max_tokens=40))  # 160 characters: 3 full blocks more
+    run_to_end(engine)
+    assert engine.cache.num_cached_blocks == 5
+    answer = OUTPUT_TOKEN_TEXT * 40
+    second = make_request(
+        render_chat(
+            [
+                {"role": "user", "content": "q" * 150},
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": "and then?"},
+            ]
+        )
+    )
+    engine.submit(second)
+    engine.schedule()
+    assert second.num_cached_tokens == 5 * 16  # the first turn's prompt and answer
+    run_to_end(engine)
+    # A long answer to another prompt evicts the oldest blocks, as a prompt would.
+    engine.submit(make_request("x" * 64, max_tokens=16 * 8))
+    run_to_end(engine)
+    assert engine.cache.num_hit_blocks(second.hashes) == 3  # 12 blocks: 2 of 5 went, last first
 
 
 def test_step_cost_is_the_latency_model() -> None:
