@@ -12,8 +12,8 @@ replica that accepts requests and never answers is then passed over. A response 
 after the first byte ends with an error event (a stream) and is never replayed.
 
 A response that ended whole is read for its usage once its last byte is sent: when the
-model's replica policy has ``observe_usage`` (replica_policy.py), the prompt and cached
-tokens of ``usage`` (``prompt_tokens_details.cached_tokens``, None when the replica does
+model's replica policy has ``observe_usage`` (replica_policy.py), the prompt, cached and
+completion tokens of ``usage`` (``prompt_tokens_details.cached_tokens``, None when the replica does
 not report them) are found in the end of the
 body (``Exchange.end``: a whole body, or a stream's usage chunk before ``[DONE]``) by a
 byte search (response_end.py), no JSON decoding, and passed to it. The relay itself pays
@@ -232,14 +232,16 @@ class Attempts:
     def _report_usage(
         self, journey: Journey, replica: Replica, model: str, exchange: Exchange
     ) -> None:
-        """Tell the model's policy what the replica reported cached, when it asks."""
+        """Tell the model's policy the usage the replica reported, when it asks."""
         observe = getattr(self.replica_policies.get(model), "observe_usage", None)
         if observe is None:
             return
         usage = usage_tokens(exchange.end())
         if usage is not None:
             info = RequestInfo(journey.path, model, journey.admission.body, journey.request.headers)
-            observe(replica, info, *usage)
+            observe(
+                replica, info, usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens
+            )
 
     async def _end_cut_off(
         self,

@@ -11,10 +11,12 @@ live on the replicas. Policies: ``LeastLoad`` (least_load.py, the default),
 ``routing`` by ``build_replica_policy`` (routing.py).
 
 A policy may also learn from what a replica did with a request it placed: when it has a
-method ``observe_usage(replica, request, prompt_tokens, cached_tokens)``, the gateway calls
-it once a response ends with a usage that reports cached tokens (``Attempts``, attempt.py:
-``usage.prompt_tokens_details.cached_tokens`` of a whole body or of a stream's usage
-chunk). ``PrefixRouting`` uses it to check its predictions; the others have none.
+method ``observe_usage(replica, request, prompt_tokens, cached_tokens, completion_tokens)``,
+the gateway calls it once a response ends with a usage (``Attempts``, attempt.py: the
+``usage`` of a whole body or of a stream's usage chunk; ``cached_tokens`` is its
+``prompt_tokens_details.cached_tokens``, None when the replica reports none).
+``PrefixRouting`` uses it to check its predictions and to count the blocks the answer
+takes in the replica's cache; the others have none.
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ class ReplicaPolicy(Protocol):
     def pick(self, request: RequestInfo, replicas: Sequence[Replica]) -> Replica | None: ...
 
 
-# observe_usage(replica, request, prompt_tokens, cached_tokens), when a policy has it;
-# cached_tokens is None when the replica does not report it.
-UsageObserver = Callable[[Replica, RequestInfo, int, int | None], None]
+# observe_usage(replica, request, prompt_tokens, cached_tokens, completion_tokens), when a
+# policy has it; cached_tokens is None when the replica does not report it.
+UsageObserver = Callable[[Replica, RequestInfo, int, int | None, int], None]
 
 # Near idle the bound alone is 1 (with 8 replicas, until 6 are in flight): a session or a
 # prefix would leave its replica, and its cache, whenever that replica serves one other.

@@ -9,6 +9,7 @@ their answers, and they are tested on bytes alone, without a request or a replic
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 from rayfleet.gateway.upstream import Exchange
 
@@ -18,17 +19,29 @@ _NUMBER = re.compile(rb"\s*(\d+)")
 _STREAM_END = b"data: [DONE]"
 
 
-def usage_tokens(end: bytes) -> tuple[int, int | None] | None:
-    """(prompt_tokens, cached_tokens) of the last usage in ``end``, the end of a response
-    body; cached_tokens None when that usage reports none (vLLM without
-    ``--enable-prompt-tokens-details``); None when there is no usage."""
+class Usage(NamedTuple):
+    """The token counts of a response's usage."""
+
+    prompt_tokens: int
+    cached_tokens: int | None  # None: the replica does not report them
+    completion_tokens: int  # 0 when the usage has none
+
+
+def usage_tokens(end: bytes) -> Usage | None:
+    """The last usage in ``end``, the end of a response body; cached_tokens None when it
+    reports none (vLLM without ``--enable-prompt-tokens-details``); None when there is no
+    usage."""
     at = end.rfind(_PROMPT_TOKENS)
     prompt = _NUMBER.match(end, at + len(_PROMPT_TOKENS)) if at >= 0 else None
     if prompt is None:
         return None
     at = end.find(_CACHED_TOKENS, prompt.end())
     cached = _NUMBER.match(end, at + len(_CACHED_TOKENS)) if at >= 0 else None
-    return int(prompt.group(1)), int(cached.group(1)) if cached is not None else None
+    return Usage(
+        int(prompt.group(1)),
+        int(cached.group(1)) if cached is not None else None,
+        last_count(b"completion_tokens", end) or 0,
+    )
 
 
 def last_count(key: bytes, end: bytes) -> int | None:

@@ -328,3 +328,24 @@ def test_usage_without_cached_tokens_still_sizes_the_index_but_counts_no_hit():
     policy.observe_usage(replica, request, prompt_tokens=100, cached_tokens=None)
     assert policy.chars_per_token == 6.0
     assert policy.hit_rates() == (0.0, 0.0) and policy.num_realised_prompt_tokens == 0
+
+
+def test_an_answer_takes_its_blocks_in_the_index_and_evicts_the_oldest_prefix():
+    policy = prefix_policy(block_chars=64, index_blocks=16, chars_per_token=4)
+    a, b = replicas(2)
+    old = RequestInfo("/v1/completions", "m", {"model": "m", "prompt": words(1, 64 * 6)}, {})
+    new = RequestInfo("/v1/completions", "m", {"model": "m", "prompt": words(2, 64 * 6 + 10)}, {})
+    old_hashes = block_hashes(words(1, 64 * 6), BLOCK)
+    for request in (old, new):
+        assert policy.pick(request, [a]) is a
+    (table,) = policy.index.tables_of([a], now=0.0)
+    assert len(table) == 12 and held_prefix(table, old_hashes) == 6
+    # 10 characters of the prompt's last block and 60 tokens of answer: 250 characters,
+    # 3 whole blocks more; the oldest prompt's tail makes room for them.
+    policy.observe_usage(a, new, prompt_tokens=100, cached_tokens=0, completion_tokens=60)
+    assert len(table) == 15 and held_prefix(table, old_hashes) == 6
+    policy.observe_usage(a, new, prompt_tokens=100, cached_tokens=0, completion_tokens=60)
+    assert len(table) <= 16 and held_prefix(table, old_hashes) < 6
+    new_hashes = block_hashes(words(2, 64 * 6 + 10), BLOCK)
+    assert held_prefix(table, new_hashes) == 6  # the answered prompt stays, the newest
+    assert policy.index.num_blocks().get(b.replica_id, 0) == 0  # b was never charged

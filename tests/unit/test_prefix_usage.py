@@ -25,10 +25,11 @@ def test_usage_is_read_from_the_end_of_a_body_or_a_stream():
     usage = {"prompt_tokens": 70, "total_tokens": 74, "completion_tokens": 4,
              "prompt_tokens_details": {"cached_tokens": 64}}  # fmt: skip
     chunk = b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"
-    assert usage_tokens(chunk + b"data: [DONE]\n\n") == (70, 64)
+    assert usage_tokens(chunk + b"data: [DONE]\n\n") == (70, 64, 4)
     compact = json.dumps({"choices": [{"text": "x"}], "usage": usage}, separators=(",", ":"))
-    assert usage_tokens(compact.encode()) == (70, 64)
-    assert usage_tokens(b'{"usage":{"prompt_tokens":5,"prompt_tokens_details":null}}') == (5, None)
+    assert usage_tokens(compact.encode()) == (70, 64, 4)
+    bare = b'{"usage":{"prompt_tokens":5,"prompt_tokens_details":null}}'
+    assert usage_tokens(bare) == (5, None, 0)
     assert usage_tokens(b'data: {"choices":[{"text":" tok"}]}\n\ndata: [DONE]\n\n') is None
     assert usage_tokens(b"") is None
 
