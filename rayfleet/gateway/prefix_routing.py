@@ -73,12 +73,12 @@ characters). The answer's text is not read from the body, so its blocks are plac
 (random 63-bit numbers) that no prompt matches: a chat's next turn, which repeats the
 answer, is predicted to hit up to the end of the turn before, a little less than vLLM
 will. Without the charge the index outlived the cache whenever answers were long: at
-SGLang's 1,536/128/256 shape on two vLLM servers, each request adds 8 uncached prompt
-blocks and 16 of answer, and the index held prefixes vLLM had already evicted (predicted
-0.83 and 0.76 against 0.74 and 0.69 realised); with it, 0.67 and 0.69 against 0.70 and
-0.71 (README). The charge hashes the prompt again (its lead remembered) and records it:
-about 30 us a response for an 8 KB chat prompt at 64 replicas on the 2-core development
-machine, against 6 us for the usage alone.
+SGLang's 1,536/128/256 shape on two vLLM servers (blocks of 32 tokens), each request
+adds 4 uncached prompt blocks and 8 of answer, and the index held prefixes vLLM had
+already evicted (predicted 0.83 and 0.76 against 0.74 and 0.69 realised); with it, 0.67
+and 0.69 against 0.70 and 0.71 (README). The charge hashes the prompt again (its lead
+remembered) and records it: about 30 us a response for an 8 KB chat prompt at 64
+replicas on the 2-core development machine, against 6 us for the usage alone.
 """
 
 from __future__ import annotations
