@@ -296,7 +296,10 @@ def test_a_client_that_leaves_while_queued_is_dropped_before_it_runs(fleet):
         pending = [sock for sock in ahead if not answered(sock)]
         leaving.close()  # it waits behind the others (max_num_seqs 1, first come first served)
         # At least the one running and one waiting were still ahead of it.
-        assert len(pending) >= 2, f"the queue had drained: {len(pending)} left"
+        assert len(pending) >= 2, (
+            f"the queue had drained: {len(pending)} left; the first answers ahead began "
+            f"{[first_line(sock) for sock in ahead[:3]]}"
+        )
         assert idle_while_finishing(url, before.finished + NUM_AHEAD), "the engine stalled"
     finally:
         for sock in ahead:
@@ -378,6 +381,16 @@ def response_head(sock: socket.socket, timeout_s: float, closed_ok: bool = False
         assert piece, f"the connection closed before the head: {data!r}"
         data += piece
     return data
+
+
+def first_line(sock: socket.socket) -> bytes:
+    """The first line waiting on ``sock``, left unread (b"" when the peer closed, the error
+    when the read fails)."""
+    sock.settimeout(1)
+    try:
+        return sock.recv(200, socket.MSG_PEEK).split(b"\r\n", 1)[0]
+    except OSError as error:
+        return repr(error).encode()
 
 
 def answered(sock: socket.socket) -> bool:
