@@ -15,6 +15,12 @@ hashes (the system prompt's remembered), matching, the choice and recording the 
 the chosen replica, evicting what no longer fits. Prints p50 and p99 in microseconds for
 prefix and least load and their ratio, and the index's memory per block (tracemalloc while
 filling). Goal: p99 < 100 us.
+
+Then the end of each of those responses: ``observe_usage`` with a usage of 2,048 prompt
+tokens and a 256-token answer (the answer's blocks charged to the replica that served it),
+given the request the pick was given, whose ``memo`` holds the prompt's hashes, and by
+turns a copy with an empty memo, which must render and hash the prompt again (as every
+response end did before the memo). Prints both and their ratio.
 """
 
 from __future__ import annotations
@@ -87,6 +93,23 @@ def time_picks(
     return samples
 
 
+def time_usage_ends(
+    policy: PrefixRouting, requests: Sequence[RequestInfo], replicas: Sequence[Replica]
+) -> tuple[list[int], list[int]]:
+    """The response end of each request picked, with the pick's memo and (by turns, in
+    alternating order) without it."""
+    with_memo, without = [], []
+    for n, request in enumerate(requests):
+        replica = replicas[n % len(replicas)]
+        fresh = RequestInfo(request.path, request.model, request.body, request.headers)
+        order = ((request, with_memo), (fresh, without))
+        for info, samples in order if n % 2 else order[::-1]:
+            started = time.perf_counter_ns()
+            policy.observe_usage(replica, info, 2048, 1024, 256)
+            samples.append(time.perf_counter_ns() - started)
+    return with_memo, without
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--replicas", type=int, default=64)
@@ -131,6 +154,13 @@ def main() -> None:
     print(f"{'least_load':<12}{l50:>10.1f}{l99:>10.1f}")
     print(f"{'ratio':<12}{p50 / l50:>10.1f}{p99 / l99:>10.1f}")
     print(f"goal p99 < 100 us: {'met' if p99 < 100 else 'NOT met'}")
+    memo_ns, fresh_ns = time_usage_ends(policy, requests, replicas)
+    m50, m99 = percentiles_us(memo_ns)
+    f50, f99 = percentiles_us(fresh_ns)
+    print(f"\n{'response end':<24}{'p50 us':>10}{'p99 us':>10}")
+    print(f"{'with the pick memo':<24}{m50:>10.1f}{m99:>10.1f}")
+    print(f"{'prompt worked out again':<24}{f50:>10.1f}{f99:>10.1f}")
+    print(f"{'ratio':<24}{m50 / f50:>10.2f}{m99 / f99:>10.2f}")
 
 
 if __name__ == "__main__":

@@ -168,7 +168,7 @@ class Dispatcher:
             if tried:
                 self.metrics.retries.labels(model).inc()
             tried.append(replica.replica_id)
-            target = Target(replica.url + journey.path, replica.replica_id, model, replica)
+            target = Target(replica.url + journey.path, replica.replica_id, model, replica, info)
             upstream = self._upstream_for(replica)
             result = await self.attempts.run(journey, upstream, target, body, headers, limits)
             if not isinstance(result, Unanswered):

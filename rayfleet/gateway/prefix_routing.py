@@ -76,9 +76,10 @@ will. Without the charge the index outlived the cache whenever answers were long
 SGLang's 1,536/128/256 shape on two vLLM servers (blocks of 32 tokens), each request
 adds 4 uncached prompt blocks and 8 of answer, and the index held prefixes vLLM had
 already evicted (predicted 0.83 and 0.76 against 0.74 and 0.69 realised); with it, 0.67
-and 0.69 against 0.70 and 0.71 (README). The charge hashes the prompt again (its lead
-remembered) and records it: about 30 us a response for an 8 KB chat prompt at 64
-replicas on the 2-core development machine, against 6 us for the usage alone.
+and 0.69 against 0.70 and 0.71 (README). The prompt's hashes and length come from the
+pick, kept in the request's ``memo`` (the gateway hands ``observe_usage`` the
+``RequestInfo`` it picked with), so the end of a response neither renders nor hashes the
+prompt again.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from rayfleet.config.routing import RoutingConfig
 from rayfleet.gateway.prefix_index import (
@@ -111,6 +113,15 @@ UsageCounter = Callable[[Replica, int, int], None]
 _CHARS_PER_TOKEN = 4  # of English text: the index's size until usage has been reported
 _COST_EWMA_WEIGHT = 1 / 64  # the learned request cost follows about the last 64 requests
 _MIN_REQUEST_COST = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Prompt:
+    """A request's routing key as the index uses it: its whole blocks' hashes, and its
+    length in characters (the last block's part, and characters per token)."""
+
+    hashes: list[int]
+    num_chars: int
 
 
 class PrefixRouting:
@@ -188,7 +199,7 @@ class PrefixRouting:
         if self.max_inflight is not None:
             roomy = [r for r in replicas if r.num_inflight < self.max_inflight]
             replicas = roomy or replicas
-        hashes = self.hasher.hashes(*prompt_parts(request.path, request.body))
+        hashes = self._prompt(request).hashes
         now = self._clock()
         tables = self.index.tables_of(replicas, now)
         bound = load_bound(replicas, self.load_factor)
@@ -271,12 +282,12 @@ class PrefixRouting:
         """Learn the tokenizer's characters per token from a request this policy placed,
         count what ``replica`` reported cached of it (when it reports that), and charge its
         answer's blocks to the replica's table."""
-        lead, rest = prompt_parts(request.path, request.body)
+        prompt = self._prompt(request)
         if self.fixed_chars_per_token is None and prompt_tokens > 0:
-            self.num_usage_chars += len(lead) + len(rest)
+            self.num_usage_chars += prompt.num_chars
             self.num_usage_tokens += prompt_tokens
         if completion_tokens > 0:
-            self._charge_answer(replica, lead, rest, completion_tokens)
+            self._charge_answer(replica, prompt, completion_tokens)
         if cached_tokens is None:
             return
         self.num_realised_hit_tokens += cached_tokens
@@ -284,15 +295,24 @@ class PrefixRouting:
         if self._on_usage is not None:
             self._on_usage(replica, prompt_tokens, cached_tokens)
 
-    def _charge_answer(self, replica: Replica, lead: str, rest: str, num_tokens: int) -> None:
+    def _prompt(self, request: RequestInfo) -> _Prompt:
+        """The routing key of ``request``, worked out once for its pick and its usage."""
+        prompt = request.memo.get(self)
+        if not isinstance(prompt, _Prompt):
+            lead, rest = prompt_parts(request.path, request.body)
+            prompt = _Prompt(self.hasher.hashes(lead, rest), len(lead) + len(rest))
+            request.memo[self] = prompt
+        return prompt
+
+    def _charge_answer(self, replica: Replica, prompt: _Prompt, num_tokens: int) -> None:
         """The replica now holds the prompt and its answer's whole blocks, the answer's the
         most likely to go (as vLLM frees a sequence's tail first). The answer's text is not
         read, so its blocks are placeholders no prompt matches: they take their room."""
-        chars = (len(lead) + len(rest)) % self.block_chars + num_tokens * self.chars_per_token
+        chars = prompt.num_chars % self.block_chars + num_tokens * self.chars_per_token
         num_blocks = int(chars) // self.block_chars
         if num_blocks == 0:
             return
-        hashes = self.hasher.hashes(lead, rest)
+        hashes = prompt.hashes
         getrandbits = self._rng.getrandbits
         sequence = [*hashes, *(getrandbits(63) for _ in range(num_blocks))]
         table = self.index.table_of(replica)

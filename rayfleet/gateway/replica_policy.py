@@ -14,7 +14,8 @@ A policy may also learn from what a replica did with a request it placed: when i
 method ``observe_usage(replica, request, prompt_tokens, cached_tokens, completion_tokens)``,
 the gateway calls it once a response ends with a usage (``Attempts``, attempt.py: the
 ``usage`` of a whole body or of a stream's usage chunk; ``cached_tokens`` is its
-``prompt_tokens_details.cached_tokens``, None when the replica reports none).
+``prompt_tokens_details.cached_tokens``, None when the replica reports none), with the
+same ``RequestInfo`` its pick was given (``memo`` holds what the pick worked out).
 ``PrefixRouting`` uses it to check its predictions and to count the blocks the answer
 takes in the replica's cache; the others have none.
 """
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rayfleet.gateway.replicas import Replica
@@ -37,6 +38,10 @@ class RequestInfo:
     model: str  # the fleet model it goes to (a route already resolved)
     body: Mapping[str, Any]  # the parsed body, as the replica will get it
     headers: Mapping[str, str]
+    # What a policy worked out of the request while placing it, kept under the policy
+    # itself for its ``observe_usage`` once the response ends (PrefixRouting: the prompt's
+    # block hashes), so that the end of a response does not redo the pick's work.
+    memo: dict[object, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 class ReplicaPolicy(Protocol):

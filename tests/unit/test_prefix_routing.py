@@ -349,3 +349,21 @@ def test_an_answer_takes_its_blocks_in_the_index_and_evicts_the_oldest_prefix():
     new_hashes = block_hashes(words(2, 64 * 6 + 10), BLOCK)
     assert held_prefix(table, new_hashes) == 6  # the answered prompt stays, the newest
     assert policy.index.num_blocks().get(b.replica_id, 0) == 0  # b was never charged
+
+
+def test_the_end_of_a_response_reuses_what_the_pick_worked_out_of_the_prompt():
+    policy = prefix_policy(block_chars=64, chars_per_token=4)
+    hashed: list[str] = []
+    hashes = policy.hasher.hashes
+    policy.hasher.hashes = lambda lead, rest: hashed.append(rest) or hashes(lead, rest)
+    (a,) = replicas(1)
+    request = RequestInfo("/v1/completions", "m", {"model": "m", "prompt": words(3, 64 * 5)}, {})
+    assert policy.pick(request, [a]) is a
+    policy.observe_usage(a, request, prompt_tokens=64, cached_tokens=0, completion_tokens=64)
+    assert len(hashed) == 1  # the pick's hashes served the answer's charge
+    (table,) = policy.index.tables_of([a], now=0.0)
+    assert len(table) == 5 + 4  # the prompt's 5 blocks, the answer's 256 characters
+    # A request the policy did not place (its memo empty) is worked out at the end.
+    other = RequestInfo("/v1/completions", "m", {"model": "m", "prompt": words(4, 64 * 5)}, {})
+    policy.observe_usage(a, other, prompt_tokens=64, cached_tokens=0, completion_tokens=64)
+    assert len(hashed) == 2 and held_prefix(table, block_hashes(words(4, 64 * 5), BLOCK)) == 5
