@@ -52,8 +52,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from rayfleet.gateway.errors import GATEWAY_REPLICA, REPLICA_HEADER
-from rayfleet.gateway.response_end import last_count
-from rayfleet.gateway.upstream import Exchange, Outcome
+from rayfleet.gateway.response_end import Usage
+from rayfleet.gateway.upstream import Exchange
 from rayfleet.gateway.validate import INPUT_FIELDS
 
 if TYPE_CHECKING:
@@ -126,17 +126,24 @@ def note_admission(request: web.Request, admission: Admission) -> None:
         record.route = admission.route_rule
 
 
-def note_answer(request: web.Request, exchange: Exchange, outcome: Outcome, started: float) -> None:
-    """Time to first byte and, for an answer that ended whole, its token counts."""
+def wants_usage(request: web.Request) -> bool:
+    """Whether ``note_answer`` would log the token counts of an answer to ``request``."""
+    return RECORD in request and log.isEnabledFor(logging.INFO)
+
+
+def note_answer(
+    request: web.Request, exchange: Exchange, started: float, usage: Usage | None
+) -> None:
+    """Time to first byte and, for an answer that ended whole, its token counts (``usage``,
+    read once by attempt.py for this log and the replica policy)."""
     record: RequestRecord | None = request.get(RECORD)
     if record is None:
         return
     if exchange.first_byte_at:
         record.ttft_s = exchange.first_byte_at - started
-    if outcome is Outcome.DONE and log.isEnabledFor(logging.INFO):
-        end = exchange.end()
-        record.prompt_tokens = last_count(b"prompt_tokens", end)
-        record.completion_tokens = last_count(b"completion_tokens", end)
+    if usage is not None:
+        record.prompt_tokens = usage.prompt_tokens
+        record.completion_tokens = usage.completion_tokens
 
 
 def note_delivered(request: web.Request, status: int, replica: str) -> None:

@@ -11,13 +11,14 @@ the replica when the limit was the gateway's own (not a priority class's tighter
 replica that accepts requests and never answers is then passed over. A response cut off
 after the first byte ends with an error event (a stream) and is never replayed.
 
-A response that ended whole is read for its usage once its last byte is sent: when the
-model's replica policy has ``observe_usage`` (replica_policy.py), the prompt, cached and
-completion tokens of ``usage`` (``prompt_tokens_details.cached_tokens``, None when the replica does
-not report them) are found in the end of the
-body (``Exchange.end``: a whole body, or a stream's usage chunk before ``[DONE]``) by a
-byte search (response_end.py), no JSON decoding, and passed to it. The relay itself pays
-one attribute write per piece for this; a policy without the hook, nothing more.
+A response that ended whole is read for its usage once its last byte is sent, when the
+access log or the model's replica policy wants it (``observe_usage``, replica_policy.py):
+the prompt, cached and completion tokens of ``usage`` (``prompt_tokens_details.cached_tokens``,
+None when the replica does not report them) are found once in the end of the body
+(``Exchange.end``: a whole body, or a stream's usage chunk before ``[DONE]``) by a byte
+search (response_end.py), no JSON decoding, and handed to both; the policy gets the
+``RequestInfo`` it placed the request with (``Target.request``). The relay itself pays
+one attribute write per piece for this; a request neither wants it for, nothing more.
 
 When the client goes away, aiohttp cancels the handler (``handler_cancellation``): the
 exchange is finished uncompleted, which closes the upstream connection whatever ``run``
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from rayfleet.gateway.access_log import note_answer, note_delivered
+from rayfleet.gateway.access_log import note_answer, note_delivered, wants_usage
 from rayfleet.gateway.admission import Admission
 from rayfleet.gateway.errors import (
     GATEWAY_REPLICA,
@@ -46,9 +47,9 @@ from rayfleet.gateway.errors import (
     sse_error_event,
 )
 from rayfleet.gateway.metrics import GatewayMetrics
-from rayfleet.gateway.replica_policy import RequestInfo
+from rayfleet.gateway.replica_policy import RequestInfo, UsageObserver
 from rayfleet.gateway.replicas import Replica, ReplicaSet
-from rayfleet.gateway.response_end import delivered_whole, event_boundary, usage_tokens
+from rayfleet.gateway.response_end import Usage, delivered_whole, event_boundary, usage_tokens
 from rayfleet.gateway.upstream import (
     Exchange,
     Outcome,
@@ -92,6 +93,7 @@ class Target:
     label: str  # x-rayfleet-replica: the replica id or fallback:<provider>
     model: str  # the model label of the metrics
     replica: Replica | None = None
+    request: RequestInfo | None = None  # what the replica's policy was given to pick it
 
 
 class Attempts:
@@ -145,17 +147,19 @@ class Attempts:
             if outcome is Outcome.CLIENT_GONE and delivered_whole(exchange):
                 outcome = Outcome.DONE  # the client had it all: [DONE], then it closed
             self._observe_ttfb(journey, target, exchange)
-            note_answer(journey.request, exchange, outcome, journey.started)
-            return await self._conclude(journey, target, exchange, response, outcome, limits)
+            usage = self._usage(journey, target, exchange) if outcome is Outcome.DONE else None
+            note_answer(journey.request, exchange, journey.started, usage)
+            return await self._conclude(journey, target, exchange, response, outcome, limits, usage)
         except asyncio.CancelledError:
             # The client went away: closing the upstream connection makes vLLM abort.
             # The openai client closes at a stream's [DONE], which may come before the
             # end of the response: that client had its answer whole.
             if exchange is not None and delivered_whole(exchange):
                 self._observe_ttfb(journey, target, exchange)
-                note_answer(journey.request, exchange, Outcome.DONE, journey.started)
+                usage = self._usage(journey, target, exchange)
+                note_answer(journey.request, exchange, journey.started, usage)
                 note_delivered(journey.request, exchange.status, target.label)
-                self._answered(journey, target, exchange)
+                self._answered(journey, target, exchange, usage)
             else:
                 self.metrics.errors.labels(target.model, "client_disconnect").inc()
             raise
@@ -176,6 +180,7 @@ class Attempts:
         response: web.StreamResponse,
         outcome: Outcome,
         limits: TimeLimits,
+        usage: Usage | None,
     ) -> web.StreamResponse:
         """Account for how the relay ended and end the response to the client."""
         if outcome is Outcome.CLIENT_GONE:
@@ -199,7 +204,7 @@ class Attempts:
             if not delivered_whole(exchange):
                 return self._client_gone(target.model, response)
         if outcome is Outcome.DONE:
-            self._answered(journey, target, exchange)
+            self._answered(journey, target, exchange, usage)
         else:
             self._counted(target, exchange, journey.started)
         return response
@@ -210,12 +215,16 @@ class Attempts:
                 exchange.first_byte_at - journey.started
             )
 
-    def _answered(self, journey: Journey, target: Target, exchange: Exchange) -> None:
+    def _answered(
+        self, journey: Journey, target: Target, exchange: Exchange, usage: Usage | None
+    ) -> None:
         """Account for a response the client had whole: its replica did its job."""
         self._counted(target, exchange, journey.started)
         if target.replica is not None:
             self.replica_set.succeeded(target.replica)
-            self._report_usage(journey, target.replica, target.model, exchange)
+            observe = self._observer(target)
+            if observe is not None and usage is not None and target.request is not None:
+                observe(target.replica, target.request, *usage)
 
     def _counted(self, target: Target, exchange: Exchange, started: float) -> None:
         elapsed = time.perf_counter() - started
@@ -229,19 +238,19 @@ class Attempts:
         self.metrics.errors.labels(model, "client_disconnect").inc()
         return response
 
-    def _report_usage(
-        self, journey: Journey, replica: Replica, model: str, exchange: Exchange
-    ) -> None:
-        """Tell the model's policy the usage the replica reported, when it asks."""
-        observe = getattr(self.replica_policies.get(model), "observe_usage", None)
-        if observe is None:
-            return
-        usage = usage_tokens(exchange.end())
-        if usage is not None:
-            info = RequestInfo(journey.path, model, journey.admission.body, journey.request.headers)
-            observe(
-                replica, info, usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens
-            )
+    def _observer(self, target: Target) -> UsageObserver | None:
+        """The ``observe_usage`` of the policy that placed the request, when it has one."""
+        observe: UsageObserver | None = getattr(
+            self.replica_policies.get(target.model), "observe_usage", None
+        )
+        return observe
+
+    def _usage(self, journey: Journey, target: Target, exchange: Exchange) -> Usage | None:
+        """The usage at the end of a response that ended whole, read once for all that
+        want it (the access log, the policy that placed the request), else None."""
+        if wants_usage(journey.request) or self._observer(target) is not None:
+            return usage_tokens(exchange.end())
+        return None
 
     async def _end_cut_off(
         self,
