@@ -8,9 +8,10 @@ Lifecycle of one replica (Ray Serve owns it: placement, restarts, scaling)::
                   until this returns; a server that fails to start fails the replica
                   with the tail of its log.
     check_health  called by Serve every HEALTH_CHECK_PERIOD_S: the server process must
-                  be alive and answer /health, and every rank must run; then heartbeat
-                  the registry. A dead server or rank deregisters, stops the rest and
-                  raises, so Serve replaces the replica.
+                  be alive and answer /health (a live one may leave it unanswered
+                  twice in a row: server_probe.py), and every rank must run; then
+                  heartbeat the registry. A dead server or rank deregisters, stops the
+                  rest and raises, so Serve replaces the replica.
     __del__       drain (control/drain.py: out of the gateway's rotation, then wait
                   for the requests in flight), deregister, and stop the server and
                   its ranks (Serve calls it on every graceful stop).
@@ -49,6 +50,7 @@ from rayfleet.control.engine import PID_DIR, EngineProcess
 from rayfleet.control.placement import replica_demand
 from rayfleet.control.process_groups import stop_leaderless_engines
 from rayfleet.control.ranks import SpanningRanks, engine_env, log_name
+from rayfleet.control.server_probe import ServerProbe
 
 log = logging.getLogger("rayfleet.replica")
 
@@ -116,6 +118,7 @@ class VLLMReplica:
         self.registry: Any = get_registry()
         self.ranks: SpanningRanks | None = None
         self.engine = self._start_engine(advertise_host or self.node_ip, Path(log_dir))
+        self.probe = ServerProbe(self.engine, timeout_s=HEALTH_CHECK_TIMEOUT_S / 3)
         self.entry = {
             "replica_id": self.replica_id,
             "model": self.model.name,
@@ -179,10 +182,10 @@ class VLLMReplica:
 
     def _engine_problem(self) -> str | None:
         """Why the replica cannot serve (its server or one of its ranks), or None."""
-        if not self.engine.healthy(timeout_s=HEALTH_CHECK_TIMEOUT_S / 3):
-            state = "does not answer /health" if self.engine.alive() else "has exited"
-            return f"rank 0 (pid {self.engine.pid}) {state}"
-        return self.ranks.failure() if self.ranks is not None else None
+        problem = self.probe.problem()
+        if problem is None and self.ranks is not None:
+            problem = self.ranks.failure()
+        return problem
 
     def _stop_all(self, engine: EngineProcess | None, grace_s: float = 5.0) -> None:
         """Stop the server and every rank; the replica is one unit."""

@@ -1,0 +1,59 @@
+"""Whether a replica's server still serves, as its health check asks every period.
+
+    probe = ServerProbe(engine, timeout_s=5.0)
+    problem = probe.problem()       # None, or why the replica must be replaced
+
+A server whose process has exited is a problem at once. One that runs but leaves
+``GET /health`` unanswered for ``timeout_s`` is a problem only after ``limit`` such probes
+in a row (3 unless told, as Ray Serve counts failed checks before it restarts a
+replica); an answer in between starts the count again. A live server is slow to answer
+when its node is loaded: on two cores, with the engine's busy loop decoding a queue,
+vLLM's API server has taken over 20 s to answer its /metrics
+(tests/integration/test_control_faults.py), and a replica that stopped its server at the
+first /health left unanswered for 5 s dropped every request that server had queued.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from rayfleet.control.engine import EngineProcess
+
+log = logging.getLogger("rayfleet.replica")
+
+SLOW_ANSWERS_LIMIT = 3
+
+
+class ServerProbe:
+    def __init__(
+        self, engine: EngineProcess, timeout_s: float, limit: int = SLOW_ANSWERS_LIMIT
+    ) -> None:
+        self.engine = engine
+        self.timeout_s = timeout_s
+        self.limit = limit
+        self.num_unanswered = 0  # probes in a row the live server left unanswered
+
+    def problem(self) -> str | None:
+        """Why the server cannot serve, or None (also while it is slow, below the limit)."""
+        engine = self.engine
+        if not engine.alive():
+            return f"rank 0 (pid {engine.pid}) has exited"
+        if engine.healthy(timeout_s=self.timeout_s):
+            self.num_unanswered = 0
+            return None
+        if not engine.alive():  # it exited while the probe waited
+            return f"rank 0 (pid {engine.pid}) has exited"
+        self.num_unanswered += 1
+        if self.num_unanswered >= self.limit:
+            return (
+                f"rank 0 (pid {engine.pid}) does not answer /health "
+                f"({self.num_unanswered} probes of {self.timeout_s:g} s in a row)"
+            )
+        log.warning(
+            "rank 0 (pid %s) left /health unanswered for %g s (%d of %d in a row)",
+            engine.pid,
+            self.timeout_s,
+            self.num_unanswered,
+            self.limit,
+        )
+        return None
