@@ -279,6 +279,7 @@ def test_a_client_that_leaves_while_queued_is_dropped_before_it_runs(fleet):
     before = QueueCounts.read(url)
     relayed_before = gateway_relayed(fleet)
 
+    sent_at = time.monotonic()
     ahead = [open_stream(fleet, NUM_TOKENS_QUEUED, stream=False) for _ in range(NUM_AHEAD)]
     leaving: socket.socket | None = None
     try:
@@ -298,7 +299,8 @@ def test_a_client_that_leaves_while_queued_is_dropped_before_it_runs(fleet):
         # At least the one running and one waiting were still ahead of it.
         assert len(pending) >= 2, (
             f"the queue had drained: {len(pending)} left; the first answers ahead began "
-            f"{[first_line(sock) for sock in ahead[:3]]}"
+            f"{[first_line(sock) for sock in ahead[:3]]}; {time.monotonic() - sent_at:.0f} s "
+            f"since the first was sent; the access log ends {access_log_tail(fleet, 5)}"
         )
         assert idle_while_finishing(url, before.finished + NUM_AHEAD), "the engine stalled"
     finally:
