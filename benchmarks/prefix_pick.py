@@ -20,13 +20,17 @@ Then the end of each of those responses: ``observe_usage`` with a usage of 2,048
 tokens and a 256-token answer (the answer's blocks charged to the replica that served it),
 given the request the pick was given, whose ``memo`` holds the prompt's hashes, and by
 turns a copy with an empty memo, which must render and hash the prompt again (as every
-response end did before the memo). Prints both and their ratio.
+response end did before the memo). Prints both and their ratio, and what reading the
+text of a streamed answer of ``--answer-tokens`` tokens costs (``answer_text``, which
+the gateway runs at the end of each response the prefix policy placed, unless
+``routing.answer_text`` is false).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import random
 import statistics
 import time
@@ -38,6 +42,7 @@ from rayfleet.gateway.least_load import LeastLoad
 from rayfleet.gateway.prefix_routing import PrefixRouting
 from rayfleet.gateway.replica_policy import RequestInfo
 from rayfleet.gateway.replicas import Replica
+from rayfleet.gateway.response_end import answer_text
 
 CHAT = "/v1/chat/completions"
 
@@ -118,12 +123,31 @@ def time_usage_ends(
     return with_memo, without
 
 
+def time_answer_text(num_tokens: int, num_times: int) -> list[int]:
+    """``answer_text`` of a chat stream of ``num_tokens`` one-token events, as vLLM
+    frames them (compact JSON), with a usage chunk and [DONE]."""
+    head = {"id": "chatcmpl-0", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+    event = {**head, "choices": [{"index": 0, "delta": {"content": " tok"}, "logprobs": None,
+                                  "finish_reason": None}]}  # fmt: skip
+    usage = {**head, "choices": [], "usage": {"prompt_tokens": 2048, "completion_tokens": 1}}
+    events = [event] * num_tokens + [usage]
+    body = b"".join(b"data: " + json.dumps(e, separators=(",", ":")).encode() + b"\n\n"
+                    for e in events) + b"data: [DONE]\n\n"  # fmt: skip
+    samples = []
+    for _ in range(num_times):
+        started = time.perf_counter_ns()
+        answer_text(body, streamed=True, chat=True)
+        samples.append(time.perf_counter_ns() - started)
+    return samples
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--replicas", type=int, default=64)
     parser.add_argument("--indexed-blocks", type=int, default=100_000)
     parser.add_argument("--prompt-chars", type=int, default=8192)
     parser.add_argument("--picks", type=int, default=5000)
+    parser.add_argument("--answer-tokens", type=int, default=256)
     args = parser.parse_args()
 
     rng = random.Random(0)
@@ -169,6 +193,9 @@ def main() -> None:
     print(f"{'with the pick memo':<24}{m50:>10.1f}{m99:>10.1f}")
     print(f"{'prompt worked out again':<24}{f50:>10.1f}{f99:>10.1f}")
     print(f"{'ratio':<24}{m50 / f50:>10.2f}{m99 / f99:>10.2f}")
+    t50, t99 = percentiles_us(time_answer_text(args.answer_tokens, 2000))
+    label = f"answer text, {args.answer_tokens} tok"
+    print(f"{label:<24}{t50:>10.1f}{t99:>10.1f}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ None when the replica does not report them) are found once in the end of the bod
 search (response_end.py), no JSON decoding, and handed to both; the policy gets the
 ``RequestInfo`` it placed the request with (``Target.request``). The relay itself pays
 one attribute write per piece for this; a request neither wants it for, nothing more.
+When the policy's ``wants_answer`` asks, the exchange keeps the whole body (a list append
+per piece) and the policy gets the answer's text too (``answer_text``).
 
 When the client goes away, aiohttp cancels the handler (``handler_cancellation``): the
 exchange is finished uncompleted, which closes the upstream connection whatever ``run``
@@ -47,9 +49,15 @@ from rayfleet.gateway.errors import (
     sse_error_event,
 )
 from rayfleet.gateway.metrics import GatewayMetrics
-from rayfleet.gateway.replica_policy import RequestInfo, UsageObserver
+from rayfleet.gateway.replica_policy import AnswerWanted, RequestInfo, UsageObserver
 from rayfleet.gateway.replicas import Replica, ReplicaSet
-from rayfleet.gateway.response_end import Usage, delivered_whole, event_boundary, usage_tokens
+from rayfleet.gateway.response_end import (
+    Usage,
+    answer_text,
+    delivered_whole,
+    event_boundary,
+    usage_tokens,
+)
 from rayfleet.gateway.upstream import (
     Exchange,
     Outcome,
@@ -142,6 +150,8 @@ class Attempts:
                 log.warning("%s answered %s", target.label, exchange.status)
                 return self._unanswered(target, "upstream_status")
             response = _response_like(exchange, target.label, journey.extra)
+            if self._wants_answer(target):
+                exchange.keep_body()
             outcome = await exchange.relay(journey.request, response)
             completed = outcome is Outcome.DONE
             if outcome is Outcome.CLIENT_GONE and delivered_whole(exchange):
@@ -224,7 +234,8 @@ class Attempts:
             self.replica_set.succeeded(target.replica)
             observe = self._observer(target)
             if observe is not None and usage is not None and target.request is not None:
-                observe(target.replica, target.request, *usage)
+                answer = self._answer(target, exchange)
+                observe(target.replica, target.request, *usage, answer)
 
     def _counted(self, target: Target, exchange: Exchange, started: float) -> None:
         elapsed = time.perf_counter() - started
@@ -244,6 +255,20 @@ class Attempts:
             self.replica_policies.get(target.model), "observe_usage", None
         )
         return observe
+
+    def _wants_answer(self, target: Target) -> bool:
+        """Whether the policy that placed the request asks for its answer's text."""
+        wants: AnswerWanted | None = getattr(
+            self.replica_policies.get(target.model), "wants_answer", None
+        )
+        return wants is not None and target.request is not None and wants(target.request)
+
+    def _answer(self, target: Target, exchange: Exchange) -> str | None:
+        """The answer's text, when the policy asked for it (its body was kept)."""
+        if not self._wants_answer(target):
+            return None
+        streamed = exchange.content_type == "text/event-stream"
+        return answer_text(exchange.body(), streamed, target.url.endswith("/chat/completions"))
 
     def _usage(self, journey: Journey, target: Target, exchange: Exchange) -> Usage | None:
         """The usage at the end of a response that ended whole, read once for all that

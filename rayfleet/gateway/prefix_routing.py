@@ -64,22 +64,27 @@ a replica reported for a request it placed (vLLM's ``usage.prompt_tokens_details
 by the gateway once the response ended), so that the realised hit rate stands next to the
 predicted one (``hit_rates``; per replica in ``/metrics`` through ``on_usage``).
 
-It also gets the answer's tokens, and charges them: vLLM caches every whole block of a
-sequence, the answer's too, and when the request ends they stay cached and push older
-prefixes out like any block. So at the end of a response the replica's table records the
-prompt again (it is the replica's most recent) and after it the answer's whole blocks
-(the prompt's last partial block plus ``completion_tokens * chars_per_token``
-characters). The answer's text is not read from the body, so its blocks are placeholders
-(random 63-bit numbers) that no prompt matches: a chat's next turn, which repeats the
-answer, is predicted to hit up to the end of the turn before, a little less than vLLM
-will. Without the charge the index outlived the cache whenever answers were long: at
-SGLang's 1,536/128/256 shape on two vLLM servers (blocks of 32 tokens), each request
-adds 4 uncached prompt blocks and 8 of answer, and the index held prefixes vLLM had
-already evicted (predicted 0.83 and 0.76 against 0.74 and 0.69 realised); with it, 0.67
-and 0.69 against 0.70 and 0.71 (README). The prompt's hashes and length come from the
-pick, kept in the request's ``memo`` (the gateway hands ``observe_usage`` the
-``RequestInfo`` it picked with), so the end of a response neither renders nor hashes the
-prompt again.
+It also gets the answer, and charges it: vLLM caches every whole block of a sequence,
+the answer's too, and when the request ends they stay cached and push older prefixes out
+like any block. So at the end of a response the replica's table records the prompt again
+(it is the replica's most recent) and after it the answer's whole blocks. For a single
+answer (``wants_answer``: no ``n`` above 1) the gateway keeps the body and hands over the
+answer's text (response_end.py's ``answer_text``: a whole body's, or a stream's text
+pieces found by a byte search and decoded at once), and the blocks are those of the
+prompt followed by the answer as the next request will carry it: a chat's next turn, the
+answer as the assistant's message, is then predicted to hit through the answer, as vLLM
+hits. The room the answer takes is at least what its ``completion_tokens`` fill, since
+vLLM holds tokens and the answer's characters per token need not be the prompt's; what
+the text does not cover, or all of it without the text (several answers, a body that
+does not parse), is placeholders (random 63-bit numbers that no prompt matches), which
+take the room and nothing more. Without the charge the index outlived
+the cache whenever answers were long: at SGLang's 1,536/128/256 shape on two vLLM
+servers (blocks of 32 tokens), each request adds 4 uncached prompt blocks and 8 of
+answer, and the index held prefixes vLLM had already evicted (predicted 0.83 and 0.76
+against 0.74 and 0.69 realised); with placeholders, 0.67 and 0.69 against 0.70 and 0.71
+(README). The prompt's hashes, length and last partial block come from the pick, kept in
+the request's ``memo`` (the gateway hands ``observe_usage`` the ``RequestInfo`` it picked
+with), so the end of a response neither renders nor hashes the prompt again.
 """
 
 from __future__ import annotations
@@ -96,10 +101,11 @@ from rayfleet.gateway.prefix_index import (
     BlockHasher,
     BlockTable,
     PrefixIndex,
+    block_hashes,
     held_length,
     held_prefix,
 )
-from rayfleet.gateway.prompt_key import prompt_parts
+from rayfleet.gateway.prompt_key import assistant_turn, prompt_parts
 from rayfleet.gateway.replica_policy import RequestInfo, load_bound
 from rayfleet.gateway.replicas import Replica
 
@@ -122,6 +128,7 @@ class _Prompt:
 
     hashes: list[int]
     num_chars: int
+    tail: str  # the characters after the last whole block
 
 
 class PrefixRouting:
@@ -144,6 +151,7 @@ class PrefixRouting:
         self.load_factor = config.bounded_load_factor
         self.fixed_cost = config.request_cost_blocks
         self.fixed_chars_per_token = config.chars_per_token
+        self.learns_answer_text = config.answer_text
         self.num_usage_chars = 0  # prompt characters of the requests usage was reported for
         self.num_usage_tokens = 0  # and their prompt tokens
         self.index = PrefixIndex(config.index_blocks)
@@ -278,16 +286,17 @@ class PrefixRouting:
         prompt_tokens: int,
         cached_tokens: int | None,
         completion_tokens: int = 0,
+        answer: str | None = None,
     ) -> None:
         """Learn the tokenizer's characters per token from a request this policy placed,
         count what ``replica`` reported cached of it (when it reports that), and charge its
-        answer's blocks to the replica's table."""
+        answer's blocks to the replica's table (``answer``: its text, when known)."""
         prompt = self._prompt(request)
         if self.fixed_chars_per_token is None and prompt_tokens > 0:
             self.num_usage_chars += prompt.num_chars
             self.num_usage_tokens += prompt_tokens
-        if completion_tokens > 0:
-            self._charge_answer(replica, prompt, completion_tokens)
+        if completion_tokens > 0 or answer:
+            self._charge_answer(replica, prompt, completion_tokens, request.path, answer)
         if cached_tokens is None:
             return
         self.num_realised_hit_tokens += cached_tokens
@@ -300,21 +309,46 @@ class PrefixRouting:
         prompt = request.memo.get(self)
         if not isinstance(prompt, _Prompt):
             lead, rest = prompt_parts(request.path, request.body)
-            prompt = _Prompt(self.hasher.hashes(lead, rest), len(lead) + len(rest))
+            hashes = self.hasher.hashes(lead, rest)
+            cut = len(hashes) * self.block_chars
+            tail = rest[cut - len(lead) :] if cut >= len(lead) else lead[cut:] + rest
+            prompt = _Prompt(hashes, len(lead) + len(rest), tail)
             request.memo[self] = prompt
         return prompt
 
-    def _charge_answer(self, replica: Replica, prompt: _Prompt, num_tokens: int) -> None:
+    def wants_answer(self, request: RequestInfo) -> bool:
+        """Whether ``observe_usage`` should get the answer's text: a completion's or a
+        chat's single answer, which the index records after the prompt as the next turn
+        will repeat it."""
+        return (
+            self.learns_answer_text
+            and request.path.endswith("completions")
+            and request.body.get("n") in (None, 1)
+        )
+
+    def _charge_answer(
+        self, replica: Replica, prompt: _Prompt, num_tokens: int, path: str, answer: str | None
+    ) -> None:
         """The replica now holds the prompt and its answer's whole blocks, the answer's the
-        most likely to go (as vLLM frees a sequence's tail first). The answer's text is not
-        read, so its blocks are placeholders no prompt matches: they take their room."""
+        most likely to go (as vLLM frees a sequence's tail first). With the answer's text,
+        the blocks are those of the prompt followed by the answer as the next request will
+        repeat it (a chat's next turn: the assistant's message); the room they take is at
+        least what ``num_tokens`` fill (vLLM holds tokens, and a tokenizer's characters per
+        token differ between prompts and answers), the rest placeholders no prompt matches."""
         chars = prompt.num_chars % self.block_chars + num_tokens * self.chars_per_token
         num_blocks = int(chars) // self.block_chars
-        if num_blocks == 0:
-            return
         hashes = prompt.hashes
+        known: list[int] = []
+        if answer:
+            if path.endswith("/chat/completions"):
+                answer = assistant_turn(answer)
+            parent = hashes[-1] if hashes else None
+            known = block_hashes(prompt.tail + answer, self.block_chars, parent)
+        if not known and num_blocks == 0:
+            return
         getrandbits = self._rng.getrandbits
-        sequence = [*hashes, *(getrandbits(63) for _ in range(num_blocks))]
+        placeholders = (getrandbits(63) for _ in range(num_blocks - len(known)))
+        sequence = [*hashes, *known, *placeholders]
         table = self.index.table_of(replica)
         self.index.record(table, sequence, held_prefix(table, hashes))
         if self.on_learn is not None:

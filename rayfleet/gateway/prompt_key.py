@@ -46,6 +46,11 @@ def _chat_parts(body: Mapping[str, Any]) -> tuple[str, str]:
     return lead, "".join(parts)
 
 
+def assistant_turn(content: str) -> str:
+    """The text an assistant message of ``content`` adds to a chat's key."""
+    return f"\x1eassistant\x1f{content}"
+
+
 def _append_message(parts: list[str], message: Mapping[str, Any]) -> None:
     parts.append(f"\x1e{message.get('role', '')}\x1f")
     content = message.get("content")

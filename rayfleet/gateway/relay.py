@@ -80,6 +80,7 @@ class RelayConnection(asyncio.Protocol):
         self._done: asyncio.Future[Outcome] = loop.create_future()
         self._first: asyncio.Future[None] | None = None
         self._pieces: list[bytes] = []
+        self._kept: list[bytes] | None = None  # every piece of the body, when kept
         self._sink: Callable[[bytes], None] | None = None
         self._out: list[bytes] = []  # pieces of this read, for the client in one write
         self._flush: Callable[[], None] | None = None
@@ -134,6 +135,8 @@ class RelayConnection(asyncio.Protocol):
     def on_body(self, piece: bytes) -> None:
         self._piece_before = self._last_piece
         self._last_piece = piece
+        if self._kept is not None:
+            self._kept.append(piece)
         sink = self._sink
         if sink is not None:
             sink(piece)
@@ -253,6 +256,14 @@ class RelayConnection(asyncio.Protocol):
         if self.chunked:
             return self._piece_before + self._last_piece
         return b"".join(self._pieces)
+
+    def keep_body(self) -> None:
+        self._kept = list(self._pieces)  # what came with the head is not sent yet
+
+    def body(self) -> bytes:
+        if not self.chunked:
+            return b"".join(self._pieces)
+        return b"".join(self._kept or ())
 
     def finish(self, completed: bool) -> None:
         """Back to the pool when the response ended cleanly, else closed."""

@@ -11,11 +11,14 @@ live on the replicas. Policies: ``LeastLoad`` (least_load.py, the default),
 ``routing`` by ``build_replica_policy`` (routing.py).
 
 A policy may also learn from what a replica did with a request it placed: when it has a
-method ``observe_usage(replica, request, prompt_tokens, cached_tokens, completion_tokens)``,
+method ``observe_usage(replica, request, prompt_tokens, cached_tokens, completion_tokens,
+answer)``,
 the gateway calls it once a response ends with a usage (``Attempts``, attempt.py: the
 ``usage`` of a whole body or of a stream's usage chunk; ``cached_tokens`` is its
 ``prompt_tokens_details.cached_tokens``, None when the replica reports none), with the
-same ``RequestInfo`` its pick was given (``memo`` holds what the pick worked out).
+same ``RequestInfo`` its pick was given (``memo`` holds what the pick worked out), and
+with the answer's text when its ``wants_answer(request)`` says so (the gateway then keeps
+a stream's whole body to read it from).
 ``PrefixRouting`` uses it to check its predictions and to count the blocks the answer
 takes in the replica's cache; the others have none.
 """
@@ -48,9 +51,11 @@ class ReplicaPolicy(Protocol):
     def pick(self, request: RequestInfo, replicas: Sequence[Replica]) -> Replica | None: ...
 
 
-# observe_usage(replica, request, prompt_tokens, cached_tokens, completion_tokens), when a
-# policy has it; cached_tokens is None when the replica does not report it.
-UsageObserver = Callable[[Replica, RequestInfo, int, int | None, int], None]
+# observe_usage(replica, request, prompt_tokens, cached_tokens, completion_tokens, answer),
+# when a policy has it; cached_tokens is None when the replica does not report it, answer
+# (the first choice's text) None unless the policy's wants_answer(request) asked for it.
+UsageObserver = Callable[[Replica, RequestInfo, int, int | None, int, str | None], None]
+AnswerWanted = Callable[[RequestInfo], bool]
 
 # Near idle the bound alone is 1 (with 8 replicas, until 6 are in flight): a session or a
 # prefix would leave its replica, and its cache, whenever that replica serves one other.

@@ -29,7 +29,12 @@ from rayfleet.config.routing import RoutingConfig
 from rayfleet.gateway.least_load import LeastLoad
 from rayfleet.gateway.metrics import GatewayMetrics
 from rayfleet.gateway.prefix_routing import PickObserver, PrefixRouting, UsageCounter
-from rayfleet.gateway.replica_policy import ReplicaPolicy, RequestInfo, UsageObserver
+from rayfleet.gateway.replica_policy import (
+    AnswerWanted,
+    ReplicaPolicy,
+    RequestInfo,
+    UsageObserver,
+)
 from rayfleet.gateway.replicas import Replica
 from rayfleet.gateway.round_robin import RoundRobin
 from rayfleet.gateway.session_affinity import SessionAffinity
@@ -70,6 +75,7 @@ class TimedPolicy:
         self._observe = metrics.pick_latency.labels(model, name).observe
         # The wrapped policy's optional hooks, found under the same names.
         self.observe_usage: UsageObserver | None = getattr(policy, "observe_usage", None)
+        self.wants_answer: AnswerWanted | None = getattr(policy, "wants_answer", None)
         self.size_index: IndexSizer | None = getattr(policy, "size_index", None)
         self.engine_started: StartObserver | None = getattr(policy, "engine_started", None)
 

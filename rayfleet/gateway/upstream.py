@@ -7,6 +7,7 @@ An ``Upstream`` opens one exchange per request and returns once the response hea
     outcome = await exchange.relay(request, response)   # Outcome; prepares ``response``
     exchange.first_byte_at, exchange.tail()              # for metrics and a cut-off stream
     exchange.end()                                       # where the usage is, once DONE
+    exchange.keep_body(); ...; exchange.body()           # the whole body, when asked first
     exchange.finish(completed=outcome is Outcome.DONE)   # back to a pool, or closed
 
 ``open`` raises ``UpstreamConnectError`` when no response head came (nothing reached the
@@ -80,6 +81,14 @@ class Exchange(Protocol):
         (vLLM's usage chunk comes just before ``[DONE]``)."""
         ...
 
+    def keep_body(self) -> None:
+        """Keep every piece of the body from now on (before ``relay``), for ``body``."""
+        ...
+
+    def body(self) -> bytes:
+        """The whole body, once relayed: a whole body always, a stream when kept."""
+        ...
+
     def finish(self, completed: bool) -> None:
         """Give the connection back for reuse when ``completed``, else close it."""
         ...
@@ -135,6 +144,7 @@ class AiohttpExchange:
         self.first_byte_at = 0.0
         self._last_chunk = b""
         self._chunk_before = b""
+        self._kept: list[bytes] | None = None
 
     async def relay(self, request: web.Request, response: web.StreamResponse) -> Outcome:
         upstream = self._upstream
@@ -156,12 +166,20 @@ class AiohttpExchange:
             await response.write(chunk)
             self._chunk_before = self._last_chunk
             self._last_chunk = chunk
+            if self._kept is not None:
+                self._kept.append(chunk)
 
     def tail(self) -> bytes | None:
         return self._last_chunk if self.content_type == "text/event-stream" else None
 
     def end(self) -> bytes:
         return self._chunk_before + self._last_chunk
+
+    def keep_body(self) -> None:
+        self._kept = []
+
+    def body(self) -> bytes:
+        return b"".join(self._kept or ())
 
     def finish(self, completed: bool) -> None:
         if completed:

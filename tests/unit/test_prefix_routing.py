@@ -367,3 +367,23 @@ def test_the_end_of_a_response_reuses_what_the_pick_worked_out_of_the_prompt():
     other = RequestInfo("/v1/completions", "m", {"model": "m", "prompt": words(4, 64 * 5)}, {})
     policy.observe_usage(a, other, prompt_tokens=64, cached_tokens=0, completion_tokens=64)
     assert len(hashed) == 2 and held_prefix(table, block_hashes(words(4, 64 * 5), BLOCK)) == 5
+
+
+def test_an_answers_text_follows_the_prompt_and_takes_at_least_its_tokens_room():
+    policy = prefix_policy(block_chars=64, chars_per_token=4)
+    (a,) = replicas(1)
+    prompt, answer = words(6, 64 * 3 + 10), words(7, 64 * 2)
+    request = RequestInfo("/v1/completions", "m", {"model": "m", "prompt": prompt}, {})
+    assert policy.wants_answer(request)
+    assert policy.pick(request, [a]) is a
+    # 100 tokens of 4 characters after the prompt's last 10: room for 6 blocks, of which
+    # the text (10 + 128 characters) fills 2; placeholders take the other 4.
+    policy.observe_usage(a, request, 20, 0, 100, answer)
+    (table,) = policy.index.tables_of([a], now=0.0)
+    assert len(table) == 3 + 6
+    follow = block_hashes(prompt + answer + " and more", BLOCK)
+    assert held_prefix(table, follow) == 5  # a request that repeats the answer hits it
+    several = RequestInfo("/v1/completions", "m", {"model": "m", "prompt": "x", "n": 2}, {})
+    embedding = RequestInfo("/v1/embeddings", "m", {"model": "m", "input": "x"}, {})
+    assert not policy.wants_answer(several) and not policy.wants_answer(embedding)
+    assert not prefix_policy(answer_text=False).wants_answer(request)  # the room alone

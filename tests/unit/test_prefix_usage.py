@@ -9,16 +9,22 @@ import json
 import random
 
 import aiohttp
+import openai
 
 from rayfleet.config import RoutingConfig
 from rayfleet.gateway.app import Gateway
 from rayfleet.gateway.policies import Policies
 from rayfleet.gateway.prefix_routing import PrefixRouting
-from rayfleet.gateway.response_end import usage_tokens
+from rayfleet.gateway.prompt_key import assistant_turn, prompt_text
+from rayfleet.gateway.response_end import answer_text, usage_tokens
 from rayfleet.gateway.routing import TimedPolicy
 from rayfleet.gateway.server import start_gateway
 from rayfleet.sim import EngineSpec, SimFleet
+from rayfleet.sim.spec import CHARS_PER_TOKEN
 from tests.unit.hostile import until
+
+CHAT = "/v1/chat/completions"
+BLOCK = 64  # the prefix policy's block_chars by default
 
 
 def test_usage_is_read_from_the_end_of_a_body_or_a_stream():
@@ -32,6 +38,28 @@ def test_usage_is_read_from_the_end_of_a_body_or_a_stream():
     assert usage_tokens(bare) == (5, None, 0)
     assert usage_tokens(b'data: {"choices":[{"text":" tok"}]}\n\ndata: [DONE]\n\n') is None
     assert usage_tokens(b"") is None
+
+
+def sse(*events: dict) -> bytes:
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+
+
+def test_the_answers_text_is_read_from_a_whole_body_or_a_streams_pieces():
+    chat = {"choices": [{"index": 0, "message": {"role": "assistant", "content": 'a "b"\n'}}]}
+    assert answer_text(json.dumps(chat).encode(), streamed=False, chat=True) == 'a "b"\n'
+    text = {"choices": [{"index": 0, "text": "once \u00e9"}], "usage": {"prompt_tokens": 3}}
+    assert answer_text(json.dumps(text, ensure_ascii=False).encode(), False, False) == "once \u00e9"
+    role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    pieces = [{"choices": [{"index": 0, "delta": {"content": c}, "logprobs": None}]}
+              for c in ("Hel", 'lo "x"', " \\ end")]  # fmt: skip
+    usage = {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3}}
+    stream = sse(role, *pieces, usage) + b"data: [DONE]\n\n"
+    assert answer_text(stream, streamed=True, chat=True) == 'Hello "x" \\ end'
+    compact = b'data: {"choices":[{"index":0,"text":"a\\u00e9","logprobs":null}]}\n\n'
+    assert answer_text(compact + compact, streamed=True, chat=False) == "a\u00e9a\u00e9"
+    assert answer_text(b"data: [DONE]\n\n", streamed=True, chat=True) is None
+    assert answer_text(b"{not json", streamed=False, chat=True) is None
+    assert answer_text(b'{"choices": []}', streamed=False, chat=False) is None
 
 
 def body(system: str, i: int, stream: bool, include_usage: bool) -> dict:
@@ -136,3 +164,75 @@ def test_a_replica_restarted_under_the_same_pid_is_forgotten_by_its_start_time()
     with SimFleet(spec, num_replicas=1) as fleet:
         held, after = asyncio.run(main(fleet.urls))
     assert held["r0"] > 0 and after.get("r0", 0) == 0
+
+
+def test_a_chats_next_turn_is_predicted_to_hit_through_the_answer_as_the_replica_hits():
+    """Turn 1 of a chat, whole and then streamed, through the gateway with the official
+    client; turn 2 repeats turn 1's answer as the assistant's message. The prefix index
+    predicts turn 2 to hit through that answer (the gateway read its text), and the
+    simulator, which caches an answer's blocks as vLLM does, reports the hit there too."""
+    rng = random.Random(5)
+    system = " ".join(f"rule {rng.randrange(10**6)}" for _ in range(60))
+
+    async def main(urls: list[str]) -> list[tuple[int, int, int, int]]:
+        entries = [{"replica_id": "r0", "model": "m", "url": urls[0]}]
+
+        async def source():
+            return entries
+
+        policies = Policies.plain(["m"])
+        policies.routing = {"m": RoutingConfig(policy="prefix")}
+        gateway = Gateway(["m"], source, policies=policies)
+        runner = await start_gateway(gateway, "127.0.0.1", 0)
+        host, port = runner.addresses[0][:2]
+        timed = gateway.dispatcher.replica_policies["m"]
+        assert isinstance(timed, TimedPolicy) and isinstance(timed.policy, PrefixRouting)
+        policy = timed.policy
+        client = openai.AsyncOpenAI(base_url=f"http://{host}:{port}/v1", api_key="unused")
+        seen = []
+        try:
+            for n, stream in enumerate((False, True)):
+                messages = [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": f"question {n} " * 20},
+                ]
+                first_key = prompt_text(CHAT, {"messages": messages})
+                if stream:
+                    chunks = await client.chat.completions.create(
+                        model="m", messages=messages, max_tokens=40, stream=True,
+                        stream_options={"include_usage": True},
+                    )  # fmt: skip
+                    answer = "".join(
+                        [c.choices[0].delta.content or "" async for c in chunks if c.choices]
+                    )
+                else:
+                    whole = await client.chat.completions.create(
+                        model="m", messages=messages, max_tokens=40
+                    )
+                    answer = whole.choices[0].message.content or ""
+                messages += [
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": "and then?"},
+                ]
+                before = policy.num_predicted_hit_blocks
+                second = await client.chat.completions.create(
+                    model="m", messages=messages, max_tokens=1
+                )
+                predicted = policy.num_predicted_hit_blocks - before
+                through = len(first_key + assistant_turn(answer)) // BLOCK
+                assert second.usage is not None and second.usage.prompt_tokens_details
+                cached = second.usage.prompt_tokens_details.cached_tokens or 0
+                seen.append((predicted, through, len(first_key) // BLOCK, cached))
+        finally:
+            await client.close()
+            await runner.cleanup()
+        return seen
+
+    spec = EngineSpec(step_s=0.0005, prefill_token_s=0.0, decode_seq_s=0.0)
+    with SimFleet(spec, num_replicas=1) as fleet:
+        seen = asyncio.run(main(fleet.urls))
+    for predicted, through, first_turn, cached in seen:
+        assert predicted == through > first_turn, seen  # past turn 1, through its answer
+        # 40 answer tokens of 4 characters: the simulator's hit goes past turn 1's prompt
+        # (its own rendering; 16-token blocks) by at least one whole block of the answer.
+        assert cached * CHARS_PER_TOKEN >= first_turn * BLOCK + BLOCK, seen
