@@ -218,7 +218,7 @@ class Gateway:
             for m in models
         }
         self.dispatcher.replica_policies = replica_policies
-        self.dispatcher.attempts.replica_policies = replica_policies
+        self.dispatcher.attempts.feedback.policies = replica_policies
         self.policies = self.dispatcher.policies = policies
         self.in_flight.configure(policies.max_in_flight)
         self.dispatcher.hold_s = dict(hold_s)

@@ -12,15 +12,13 @@ replica that accepts requests and never answers is then passed over. A response 
 after the first byte ends with an error event (a stream) and is never replayed.
 
 A response that ended whole is read for its usage once its last byte is sent, when the
-access log or the model's replica policy wants it (``observe_usage``, replica_policy.py):
-the prompt, cached and completion tokens of ``usage`` (``prompt_tokens_details.cached_tokens``,
-None when the replica does not report them) are found once in the end of the body
-(``Exchange.end``: a whole body, or a stream's usage chunk before ``[DONE]``) by a byte
-search (response_end.py), no JSON decoding, and handed to both; the policy gets the
-``RequestInfo`` it placed the request with (``Target.request``). The relay itself pays
-one attribute write per piece for this; a request neither wants it for, nothing more.
-When the policy's ``wants_answer`` asks, the exchange keeps the whole body (a list append
-per piece) and the policy gets the answer's text too (``answer_text``).
+access log or the model's replica policy wants it: the prompt, cached and completion
+tokens of ``usage`` are found once in the end of the body (``Exchange.end``: a whole body,
+or a stream's usage chunk before ``[DONE]``) by a byte search, and handed to both; the
+policy also gets the ``RequestInfo`` it placed the request with (``Target.request``) and,
+when it asks, the answer's text from the body the exchange kept (policy_feedback.py). The
+relay itself pays one attribute write per piece for this; a request nothing wants it
+for, nothing more.
 
 When the client goes away, aiohttp cancels the handler (``handler_cancellation``): the
 exchange is finished uncompleted, which closes the upstream connection whatever ``run``
@@ -49,15 +47,10 @@ from rayfleet.gateway.errors import (
     sse_error_event,
 )
 from rayfleet.gateway.metrics import GatewayMetrics
-from rayfleet.gateway.replica_policy import AnswerWanted, RequestInfo, UsageObserver
+from rayfleet.gateway.policy_feedback import PolicyFeedback
+from rayfleet.gateway.replica_policy import RequestInfo
 from rayfleet.gateway.replicas import Replica, ReplicaSet
-from rayfleet.gateway.response_end import (
-    Usage,
-    answer_text,
-    delivered_whole,
-    event_boundary,
-    usage_tokens,
-)
+from rayfleet.gateway.response_end import Usage, delivered_whole, event_boundary
 from rayfleet.gateway.upstream import (
     Exchange,
     Outcome,
@@ -113,7 +106,7 @@ class Attempts:
     ):
         self.replica_set = replica_set
         self.metrics = metrics
-        self.replica_policies = replica_policies if replica_policies is not None else {}
+        self.feedback = PolicyFeedback(replica_policies if replica_policies is not None else {})
 
     def refuse(self, error: RequestError, model: str) -> web.Response:
         """Answer with ``error`` from the gateway itself, counted."""
@@ -150,7 +143,7 @@ class Attempts:
                 log.warning("%s answered %s", target.label, exchange.status)
                 return self._unanswered(target, "upstream_status")
             response = _response_like(exchange, target.label, journey.extra)
-            if self._wants_answer(target):
+            if self.feedback.wants_answer(target.model, target.request):
                 exchange.keep_body()
             outcome = await exchange.relay(journey.request, response)
             completed = outcome is Outcome.DONE
@@ -232,10 +225,7 @@ class Attempts:
         self._counted(target, exchange, journey.started)
         if target.replica is not None:
             self.replica_set.succeeded(target.replica)
-            observe = self._observer(target)
-            if observe is not None and usage is not None and target.request is not None:
-                answer = self._answer(target, exchange)
-                observe(target.replica, target.request, *usage, answer)
+            self.feedback.report(target.model, target.replica, target.request, exchange, usage)
 
     def _counted(self, target: Target, exchange: Exchange, started: float) -> None:
         elapsed = time.perf_counter() - started
@@ -249,33 +239,10 @@ class Attempts:
         self.metrics.errors.labels(model, "client_disconnect").inc()
         return response
 
-    def _observer(self, target: Target) -> UsageObserver | None:
-        """The ``observe_usage`` of the policy that placed the request, when it has one."""
-        observe: UsageObserver | None = getattr(
-            self.replica_policies.get(target.model), "observe_usage", None
-        )
-        return observe
-
-    def _wants_answer(self, target: Target) -> bool:
-        """Whether the policy that placed the request asks for its answer's text."""
-        wants: AnswerWanted | None = getattr(
-            self.replica_policies.get(target.model), "wants_answer", None
-        )
-        return wants is not None and target.request is not None and wants(target.request)
-
-    def _answer(self, target: Target, exchange: Exchange) -> str | None:
-        """The answer's text, when the policy asked for it (its body was kept)."""
-        if not self._wants_answer(target):
-            return None
-        streamed = exchange.content_type == "text/event-stream"
-        return answer_text(exchange.body(), streamed, target.url.endswith("/chat/completions"))
-
     def _usage(self, journey: Journey, target: Target, exchange: Exchange) -> Usage | None:
-        """The usage at the end of a response that ended whole, read once for all that
-        want it (the access log, the policy that placed the request), else None."""
-        if wants_usage(journey.request) or self._observer(target) is not None:
-            return usage_tokens(exchange.end())
-        return None
+        """The usage of a response that ended whole, read once for the access log and the
+        policy that placed the request, when either wants it."""
+        return self.feedback.usage(target.model, exchange, also=wants_usage(journey.request))
 
     async def _end_cut_off(
         self,
