@@ -23,11 +23,9 @@ workload's prefixes, groups placed by chance split unevenly (5 and 3 of 8, say),
 fuller server evicted what it would have reused.
 
 ``request_cost_blocks: null`` learns the cost instead, as the recent mean of the blocks
-each routed request had left to prefill (at least one). That was the default once, and it
-fails at saturation: a low hit rate raises the mean, which breaks affinity sooner, which
-lowers the hit rate further. On the simulated fleet (8 replicas, closed loop at 24 in flight
-a replica) the learned cost settled at a hit rate of 0.49-0.54 and 1.44x least load's
-throughput; a cost of 2 reached 0.90-0.93 and 3.8x (README, "The request cost").
+each routed request had left to prefill (at least one); at saturation that spirals (a low
+hit rate raises the mean, which breaks affinity sooner): 1.44x least load's throughput on
+the simulated fleet, against 3.8x at 2 (README, "The request cost").
 
 The cost alone lets one dominant prefix make its holders hot: a request whose prompt is
 cached costs a newcomer little, while its decode steps keep the replica busy as long as
@@ -65,26 +63,21 @@ by the gateway once the response ended), so that the realised hit rate stands ne
 predicted one (``hit_rates``; per replica in ``/metrics`` through ``on_usage``).
 
 It also gets the answer, and charges it: vLLM caches every whole block of a sequence,
-the answer's too, and when the request ends they stay cached and push older prefixes out
-like any block. So at the end of a response the replica's table records the prompt again
-(it is the replica's most recent) and after it the answer's whole blocks. For a single
-answer (``wants_answer``: no ``n`` above 1) the gateway keeps the body and hands over the
-answer's text (response_end.py's ``answer_text``: a whole body's, or a stream's text
-pieces found by a byte search and decoded at once), and the blocks are those of the
-prompt followed by the answer as the next request will carry it: a chat's next turn, the
-answer as the assistant's message, is then predicted to hit through the answer, as vLLM
-hits. The room the answer takes is at least what its ``completion_tokens`` fill, since
-vLLM holds tokens and the answer's characters per token need not be the prompt's; what
-the text does not cover, or all of it without the text (several answers, a body that
-does not parse), is placeholders (random 63-bit numbers that no prompt matches), which
-take the room and nothing more. Without the charge the index outlived
-the cache whenever answers were long: at SGLang's 1,536/128/256 shape on two vLLM
-servers (blocks of 32 tokens), each request adds 4 uncached prompt blocks and 8 of
-answer, and the index held prefixes vLLM had already evicted (predicted 0.83 and 0.76
-against 0.74 and 0.69 realised); with placeholders, 0.67 and 0.69 against 0.70 and 0.71
-(README). The prompt's hashes, length and last partial block come from the pick, kept in
-the request's ``memo`` (the gateway hands ``observe_usage`` the ``RequestInfo`` it picked
-with), so the end of a response neither renders nor hashes the prompt again.
+the answer's too, and they stay cached after the request and push older prefixes out. So
+at a response's end the replica's table records the prompt again (its most recent) and
+after it the answer's whole blocks. For a single answer (``wants_answer``: no ``n`` over
+1) the gateway hands over the answer's text (response_end.py's ``answer_text``), and the
+blocks are the prompt's followed by the answer's as the next request will repeat it: a
+chat's next turn (the answer as the assistant's message) is predicted to hit through the
+answer, as vLLM hits. The answer takes at least the room its ``completion_tokens`` fill
+(vLLM holds tokens; an answer's characters per token need not be the prompt's): what the
+text does not cover, or all of it without the text, is placeholders (random 63-bit
+numbers no prompt matches). Without the charge the index outlived the cache whenever
+answers were long (README: at SGLang's 1,536/128/256 shape on two vLLM servers, predicted
+0.83 and 0.76 against 0.74 and 0.69 realised; 0.67 and 0.69 against 0.70 and 0.71 with
+it). The prompt's hashes, length and last partial block come from the pick, kept in the
+request's ``memo`` (``observe_usage`` gets the ``RequestInfo`` the pick got), so the end
+of a response neither renders nor hashes the prompt again.
 """
 
 from __future__ import annotations
