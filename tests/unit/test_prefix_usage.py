@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from typing import Any
 
 import aiohttp
 import openai
+from aiohttp import web
 
 from rayfleet.config import RoutingConfig
 from rayfleet.gateway.app import Gateway
@@ -71,18 +73,29 @@ def body(system: str, i: int, stream: bool, include_usage: bool) -> dict:
     return request
 
 
-async def send_all(urls: list[str], system: str) -> tuple[PrefixRouting, str]:
-    entries = [{"replica_id": f"r{i}", "model": "m", "url": u} for i, u in enumerate(urls)]
+async def prefix_gateway(
+    entries: list[dict], **options: Any
+) -> tuple[Gateway, web.AppRunner, str, PrefixRouting]:
+    """A gateway serving model "m" from ``entries`` with the prefix policy, started: the
+    gateway, its runner, its base URL and the policy."""
 
     async def source():
         return entries
 
     policies = Policies.plain(["m"])
     policies.routing = {"m": RoutingConfig(policy="prefix")}
-    gateway = Gateway(["m"], source, policies=policies)
+    gateway = Gateway(["m"], source, policies=policies, **options)
     runner = await start_gateway(gateway, "127.0.0.1", 0)
     host, port = runner.addresses[0][:2]
-    url = f"http://{host}:{port}/v1/completions"
+    timed = gateway.dispatcher.replica_policies["m"]
+    assert isinstance(timed, TimedPolicy) and isinstance(timed.policy, PrefixRouting)
+    return gateway, runner, f"http://{host}:{port}", timed.policy
+
+
+async def send_all(urls: list[str], system: str) -> tuple[PrefixRouting, str]:
+    entries = [{"replica_id": f"r{i}", "model": "m", "url": u} for i, u in enumerate(urls)]
+    gateway, runner, base, policy = await prefix_gateway(entries)
+    url = f"{base}/v1/completions"
     try:
         async with aiohttp.ClientSession() as session:
             # Streamed without usage (nothing to read), streamed with usage, and whole.
@@ -94,9 +107,7 @@ async def send_all(urls: list[str], system: str) -> tuple[PrefixRouting, str]:
         metrics = gateway.metrics.render().decode()
     finally:
         await runner.cleanup()
-    timed = gateway.dispatcher.replica_policies["m"]
-    assert isinstance(timed, TimedPolicy) and isinstance(timed.policy, PrefixRouting)
-    return timed.policy, metrics
+    return policy, metrics
 
 
 def test_realised_hits_reach_the_prefix_policy_and_metrics_as_the_replica_counted_them():
@@ -130,24 +141,14 @@ def test_a_replica_restarted_under_the_same_pid_is_forgotten_by_its_start_time()
 
     async def main(urls: list[str]) -> tuple[dict[str, int], dict[str, int]]:
         entries = [{"replica_id": "r0", "model": "m", "url": urls[0], "pid": 7}]
-
-        async def source():
-            return entries
-
-        policies = Policies.plain(["m"])
-        policies.routing = {"m": RoutingConfig(policy="prefix")}
-        gateway = Gateway(["m"], source, policies=policies, replica_metrics_period_s=0.05)
-        runner = await start_gateway(gateway, "127.0.0.1", 0)
-        host, port = runner.addresses[0][:2]
-        timed = gateway.dispatcher.replica_policies["m"]
-        assert isinstance(timed, TimedPolicy) and isinstance(timed.policy, PrefixRouting)
-        index = timed.policy.index
+        gateway, runner, base, policy = await prefix_gateway(entries, replica_metrics_period_s=0.05)
+        index = policy.index
         gauges = gateway.replica_gauges
         assert gauges is not None
         try:
             async with aiohttp.ClientSession() as session:
                 for i in range(3):
-                    url = f"http://{host}:{port}/v1/completions"
+                    url = f"{base}/v1/completions"
                     async with session.post(url, json=body("shared " * 80, i, False, False)) as r:
                         assert r.status == 200
                 held = index.num_blocks()
@@ -176,19 +177,8 @@ def test_a_chats_next_turn_is_predicted_to_hit_through_the_answer_as_the_replica
 
     async def main(urls: list[str]) -> list[tuple[int, int, int, int]]:
         entries = [{"replica_id": "r0", "model": "m", "url": urls[0]}]
-
-        async def source():
-            return entries
-
-        policies = Policies.plain(["m"])
-        policies.routing = {"m": RoutingConfig(policy="prefix")}
-        gateway = Gateway(["m"], source, policies=policies)
-        runner = await start_gateway(gateway, "127.0.0.1", 0)
-        host, port = runner.addresses[0][:2]
-        timed = gateway.dispatcher.replica_policies["m"]
-        assert isinstance(timed, TimedPolicy) and isinstance(timed.policy, PrefixRouting)
-        policy = timed.policy
-        client = openai.AsyncOpenAI(base_url=f"http://{host}:{port}/v1", api_key="unused")
+        _, runner, base, policy = await prefix_gateway(entries)
+        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused")
         seen = []
         try:
             for n, stream in enumerate((False, True)):
