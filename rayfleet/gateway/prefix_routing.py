@@ -39,9 +39,10 @@ busy time was 1.21x the mean at 0.5 and 1.31-1.38x at 1.0, and shared-prefix's h
 
 The pick is one pass over the candidates that looks up only the replicas whose queue alone
 (``num_inflight * request_cost``) costs no more than the best so far: the others cannot
-win, and the choice is the one comparing every cost would make. On the benchmark's 64
-replicas with 0-7 requests in flight that is about 6 of them; looking up all 64 and then
-comparing in a second pass cost about 30 us of a 60 us pick (benchmarks/prefix_pick.py).
+win, and the choice is the one comparing every cost would make. Looking up all 64 of the
+benchmark's replicas and then comparing in a second pass cost about 30 us of a 60 us pick
+(benchmarks/prefix_pick.py); there, about 21 replicas a pick hold the prompt's first
+block and have their held length searched.
 
 The index learns on send: the chosen replica is recorded as holding every whole block of
 the prompt (and, once the response ends, of the answer: below), and remembers for each
