@@ -143,8 +143,7 @@ class Attempts:
                 log.warning("%s answered %s", target.label, exchange.status)
                 return self._unanswered(target, "upstream_status")
             response = _response_like(exchange, target.label, journey.extra)
-            if self.feedback.wants_answer(target.model, target.request):
-                exchange.keep_body()
+            self.feedback.prepare(target.model, target.request, exchange)
             outcome = await exchange.relay(journey.request, response)
             completed = outcome is Outcome.DONE
             if outcome is Outcome.CLIENT_GONE and delivered_whole(exchange):

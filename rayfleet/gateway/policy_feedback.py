@@ -1,8 +1,7 @@
 """What a replica policy learns from the responses to the requests it placed.
 
     feedback = PolicyFeedback(replica_policies)         # model -> policy, as dispatched
-    if feedback.wants_answer(model, request):           # before the relay:
-        exchange.keep_body()                            #   the answer's text is wanted
+    feedback.prepare(model, request, exchange)          # before the relay
     usage = feedback.usage(model, exchange, also=...)   # a response that ended whole
     feedback.report(model, replica, request, exchange, usage)
 
@@ -11,7 +10,10 @@ the usage of every response to a request it placed (with the ``RequestInfo`` its
 was given), and, when its ``wants_answer(request)`` says so, the answer's text too. The
 usage is found once at the end of the body (response_end.py's ``usage_tokens``) for the
 policy and for whoever else wants it (``also``: the access log), and the text from the
-body the exchange kept (``answer_text``). A policy with neither hook costs a lookup.
+body the exchange kept (``answer_text``): a stream's first ``MAX_KEPT_BYTES`` at most, so
+that a long stream holds no more memory than that (about 7,000 tokens of vLLM's chat
+chunks; the index then learns the answer's beginning, and its room for the rest). A
+policy with neither hook costs a lookup.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from rayfleet.gateway.replica_policy import AnswerWanted, RequestInfo, UsageObse
 from rayfleet.gateway.replicas import Replica
 from rayfleet.gateway.response_end import Usage, answer_text, usage_tokens
 from rayfleet.gateway.upstream import Exchange
+
+MAX_KEPT_BYTES = 1 << 20
 
 
 class PolicyFeedback:
@@ -37,6 +41,12 @@ class PolicyFeedback:
         """Whether ``model``'s policy asks for the answer's text of ``request``."""
         wants: AnswerWanted | None = getattr(self.policies.get(model), "wants_answer", None)
         return wants is not None and request is not None and wants(request)
+
+    def prepare(self, model: str, request: RequestInfo | None, exchange: Exchange) -> None:
+        """Before the relay: have ``exchange`` keep the body when the answer's text is
+        wanted."""
+        if self.wants_answer(model, request):
+            exchange.keep_body(MAX_KEPT_BYTES)
 
     def usage(self, model: str, exchange: Exchange, also: bool = False) -> Usage | None:
         """The usage at the end of a response that ended whole, when ``model``'s policy

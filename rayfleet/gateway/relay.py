@@ -80,7 +80,8 @@ class RelayConnection(asyncio.Protocol):
         self._done: asyncio.Future[Outcome] = loop.create_future()
         self._first: asyncio.Future[None] | None = None
         self._pieces: list[bytes] = []
-        self._kept: list[bytes] | None = None  # every piece of the body, when kept
+        self._kept: list[bytes] | None = None  # the body's first pieces, when kept
+        self._kept_room = 0  # bytes more it may keep
         self._sink: Callable[[bytes], None] | None = None
         self._out: list[bytes] = []  # pieces of this read, for the client in one write
         self._flush: Callable[[], None] | None = None
@@ -135,8 +136,9 @@ class RelayConnection(asyncio.Protocol):
     def on_body(self, piece: bytes) -> None:
         self._piece_before = self._last_piece
         self._last_piece = piece
-        if self._kept is not None:
-            self._kept.append(piece)
+        if self._kept is not None and self._kept_room > 0:  # the body's beginning
+            self._kept.append(piece[: self._kept_room])
+            self._kept_room -= len(piece)
         sink = self._sink
         if sink is not None:
             sink(piece)
@@ -257,8 +259,9 @@ class RelayConnection(asyncio.Protocol):
             return self._piece_before + self._last_piece
         return b"".join(self._pieces)
 
-    def keep_body(self) -> None:
+    def keep_body(self, max_bytes: int) -> None:
         self._kept = list(self._pieces)  # what came with the head is not sent yet
+        self._kept_room = max_bytes - sum(map(len, self._kept))
 
     def body(self) -> bytes:
         if not self.chunked:

@@ -7,7 +7,7 @@ An ``Upstream`` opens one exchange per request and returns once the response hea
     outcome = await exchange.relay(request, response)   # Outcome; prepares ``response``
     exchange.first_byte_at, exchange.tail()              # for metrics and a cut-off stream
     exchange.end()                                       # where the usage is, once DONE
-    exchange.keep_body(); ...; exchange.body()           # the whole body, when asked first
+    exchange.keep_body(max_bytes); ...; exchange.body()  # the body, when asked first
     exchange.finish(completed=outcome is Outcome.DONE)   # back to a pool, or closed
 
 ``open`` raises ``UpstreamConnectError`` when no response head came (nothing reached the
@@ -81,12 +81,13 @@ class Exchange(Protocol):
         (vLLM's usage chunk comes just before ``[DONE]``)."""
         ...
 
-    def keep_body(self) -> None:
-        """Keep every piece of the body from now on (before ``relay``), for ``body``."""
+    def keep_body(self, max_bytes: int) -> None:
+        """Keep the body's pieces from now on (called before ``relay``), for ``body``: a
+        stream's first ``max_bytes``."""
         ...
 
     def body(self) -> bytes:
-        """The whole body, once relayed: a whole body always, a stream when kept."""
+        """The body once relayed: a whole body always; of a stream, the pieces kept."""
         ...
 
     def finish(self, completed: bool) -> None:
@@ -145,6 +146,7 @@ class AiohttpExchange:
         self._last_chunk = b""
         self._chunk_before = b""
         self._kept: list[bytes] | None = None
+        self._kept_room = 0
 
     async def relay(self, request: web.Request, response: web.StreamResponse) -> Outcome:
         upstream = self._upstream
@@ -166,8 +168,9 @@ class AiohttpExchange:
             await response.write(chunk)
             self._chunk_before = self._last_chunk
             self._last_chunk = chunk
-            if self._kept is not None:
-                self._kept.append(chunk)
+            if self._kept is not None and self._kept_room > 0:  # the body's beginning
+                self._kept.append(chunk[: self._kept_room])
+                self._kept_room -= len(chunk)
 
     def tail(self) -> bytes | None:
         return self._last_chunk if self.content_type == "text/event-stream" else None
@@ -175,8 +178,9 @@ class AiohttpExchange:
     def end(self) -> bytes:
         return self._chunk_before + self._last_chunk
 
-    def keep_body(self) -> None:
+    def keep_body(self, max_bytes: int) -> None:
         self._kept = []
+        self._kept_room = max_bytes
 
     def body(self) -> bytes:
         return b"".join(self._kept or ())

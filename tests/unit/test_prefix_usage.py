@@ -11,9 +11,11 @@ from typing import Any
 
 import aiohttp
 import openai
+import pytest
 from aiohttp import web
 
 from rayfleet.config import RoutingConfig
+from rayfleet.gateway import policy_feedback
 from rayfleet.gateway.app import Gateway
 from rayfleet.gateway.policies import Policies
 from rayfleet.gateway.prefix_routing import PrefixRouting
@@ -226,3 +228,70 @@ def test_a_chats_next_turn_is_predicted_to_hit_through_the_answer_as_the_replica
         # 40 answer tokens of 4 characters: the simulator's hit goes past turn 1's prompt
         # (its own rendering; 16-token blocks) by at least one whole block of the answer.
         assert cached * CHARS_PER_TOKEN >= first_turn * BLOCK + BLOCK, seen
+
+
+class RecordingPolicy:
+    """A replica policy (one replica) that asks for answers and records what it is told."""
+
+    def __init__(self) -> None:
+        self.answers: list[str | None] = []
+
+    def pick(self, request, replicas):
+        return replicas[0] if replicas else None
+
+    def wants_answer(self, request) -> bool:
+        return True
+
+    def observe_usage(self, replica, request, prompt, cached, completion, answer) -> None:
+        self.answers.append(answer)
+
+
+@pytest.mark.parametrize("relay", [True, False], ids=["relay", "aiohttp"])
+def test_a_long_streams_answer_is_kept_up_to_the_limit_and_relayed_whole(monkeypatch, relay):
+    monkeypatch.setattr(policy_feedback, "MAX_KEPT_BYTES", 2_000)
+    words = [f"w{n:03d} " for n in range(100)]
+    head = {"object": "chat.completion.chunk", "model": "m"}
+
+    async def replica(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for word in words:  # one event a write: the relay reads them piece by piece
+            choice = {"index": 0, "delta": {"content": word}, "finish_reason": None}
+            await response.write(sse({**head, "choices": [choice]}))
+        usage = {"prompt_tokens": 5, "completion_tokens": 100}
+        await response.write(sse({**head, "choices": [], "usage": usage}) + b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def main() -> tuple[str, list[str | None]]:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", replica)
+        up = web.AppRunner(app, access_log=None)
+        await up.setup()
+        await web.TCPSite(up, "127.0.0.1", 0).start()
+        host, port = up.addresses[0][:2]
+        entries = [{"replica_id": "r0", "model": "m", "url": f"http://{host}:{port}"}]
+        gateway, runner, base, _ = await prefix_gateway(entries, relay=relay)
+        policy = RecordingPolicy()
+        gateway.dispatcher.replica_policies["m"] = policy
+        gateway.dispatcher.attempts.feedback.policies = {"m": policy}
+        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused")
+        try:
+            chunks = await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "count"}], stream=True
+            )
+            text = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+            await until(lambda: bool(policy.answers))
+        finally:
+            await client.close()
+            await runner.cleanup()
+            await up.cleanup()
+        return text, policy.answers
+
+    text, answers = asyncio.run(main())
+    assert text == "".join(words)  # the client gets it all
+    (answer,) = answers
+    # The policy gets the answer's beginning: what fit in 2,000 bytes of events (about
+    # 80 bytes each), not all 100 words, and nothing out of order.
+    assert answer is not None and 10 < len(answer) < len(text) and text.startswith(answer)
