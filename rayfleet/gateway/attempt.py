@@ -11,7 +11,7 @@ the replica when the limit was the gateway's own (not a priority class's tighter
 replica that accepts requests and never answers is then passed over. A response cut off
 after the first byte ends with an error event (a stream) and is never replayed.
 
-A response that ended whole is read for its usage once its last byte is sent, when the
+A response that ended whole is read for its usage once the relay has it all, when the
 access log or the model's replica policy wants it: the prompt, cached and completion
 tokens of ``usage`` are found once in the end of the body (``Exchange.end``: a whole body,
 or a stream's usage chunk before ``[DONE]``) by a byte search, and handed to both; the
