@@ -36,12 +36,10 @@ class ServerProbe:
     def problem(self) -> str | None:
         """Why the server cannot serve, or None (also while it is slow, below the limit)."""
         engine = self.engine
-        if not engine.alive():
-            return f"rank 0 (pid {engine.pid}) has exited"
-        if engine.healthy(timeout_s=self.timeout_s):
+        if engine.healthy(timeout_s=self.timeout_s):  # False at once for an exited one
             self.num_unanswered = 0
             return None
-        if not engine.alive():  # it exited while the probe waited
+        if not engine.alive():  # exited, before the probe or while it waited
             return f"rank 0 (pid {engine.pid}) has exited"
         self.num_unanswered += 1
         if self.num_unanswered >= self.limit:
