@@ -260,6 +260,8 @@ class RelayConnection(asyncio.Protocol):
         return b"".join(self._pieces)
 
     def keep_body(self, max_bytes: int) -> None:
+        if not self.chunked:  # a whole body stays in _pieces anyway
+            return
         self._kept = list(self._pieces)  # what came with the head is not sent yet
         self._kept_room = max_bytes - sum(map(len, self._kept))
 
