@@ -280,7 +280,7 @@ def test_a_client_that_leaves_while_queued_is_dropped_before_it_runs(fleet):
     before = QueueCounts.read(url)
     inflight_before = gateway_inflight(fleet)
 
-    worker = vllm_worker(fleet)
+    worker = vllm_worker(url)
     worker.suspend()  # the engine core takes requests but cannot finish a step
     streams: list[socket.socket] = []
     try:
@@ -317,13 +317,26 @@ def test_a_client_that_leaves_while_queued_is_dropped_before_it_runs(fleet):
     assert after.unfinished == before.unfinished, f"the one that left ran; {seen}"
 
 
-def vllm_worker(fleet: RunningFleet) -> psutil.Process:
-    """The process of the fleet's one vLLM worker (vLLM titles it ``VLLM::Worker``)."""
-    workers = [
-        proc for proc in fleet_processes(fleet.home) if proc.name().startswith("VLLM::Worker")
+def vllm_worker(url: str) -> psutil.Process:
+    """The worker process (vLLM titles it ``VLLM::Worker``) of the vLLM server at ``url``:
+    a descendant of the process that listens on its port."""
+    port = urllib.parse.urlsplit(url).port
+    servers = [
+        conn.pid
+        for conn in psutil.net_connections("tcp")
+        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN
     ]
-    assert len(workers) == 1, describe(workers)
+    assert len(servers) == 1 and servers[0] is not None, f"listening on {port}: {servers}"
+    tree = psutil.Process(servers[0]).children(recursive=True)
+    workers = [proc for proc in tree if is_worker(proc)]
+    assert len(workers) == 1, f"vLLM's processes: {describe(tree)}"
     return workers[0]
+
+
+def is_worker(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return "VLLM::Worker" in proc.name() + " " + " ".join(proc.cmdline())
+    return False
 
 
 def half_closed(url: str) -> list[Any]:
