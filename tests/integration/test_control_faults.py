@@ -320,13 +320,8 @@ def test_a_client_that_leaves_while_queued_is_dropped_before_it_runs(fleet):
 def vllm_worker(url: str) -> psutil.Process:
     """The worker process (vLLM titles it ``VLLM::Worker``) of the vLLM server at ``url``:
     a descendant of the process that listens on its port."""
-    port = urllib.parse.urlsplit(url).port
-    servers = [
-        conn.pid
-        for conn in psutil.net_connections("tcp")
-        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN
-    ]
-    assert len(servers) == 1 and servers[0] is not None, f"listening on {port}: {servers}"
+    servers = [conn.pid for conn in server_sockets(url, psutil.CONN_LISTEN)]
+    assert len(servers) == 1 and servers[0] is not None, f"listening on {url}: {servers}"
     tree = psutil.Process(servers[0]).children(recursive=True)
     workers = [proc for proc in tree if is_worker(proc)]
     assert len(workers) == 1, f"vLLM's processes: {describe(tree)}"
@@ -342,11 +337,16 @@ def is_worker(proc: psutil.Process) -> bool:
 def half_closed(url: str) -> list[Any]:
     """The TCP connections of the vLLM server at ``url`` that its peer closed and it has
     not closed yet (CLOSE_WAIT): a client that left, not yet seen by the server."""
+    return server_sockets(url, psutil.CONN_CLOSE_WAIT)
+
+
+def server_sockets(url: str, status: str) -> list[Any]:
+    """The TCP sockets on the port of the server at ``url`` in ``status``."""
     port = urllib.parse.urlsplit(url).port
     return [
         conn
         for conn in psutil.net_connections("tcp")
-        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_CLOSE_WAIT
+        if conn.laddr and conn.laddr.port == port and conn.status == status
     ]
 
 
