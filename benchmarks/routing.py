@@ -16,14 +16,16 @@ with the round's policy (sim_gateway.py), and sends the workload through it with
 ``rayfleet bench``'s runner (over ``--client-processes`` processes) at a Poisson rate;
 rounds alternate policies. Workloads (rayfleet.bench.workloads): shared-prefix (4 groups
 a replica x 8 prompts, 1024/64/32 tokens, in a random order, cycling), zipf with one
-dominant group (half the requests), and no-reuse, each ``--round-s`` seconds of requests
-at the fleet's ``--rate``. Shared-prefix is also sent closed-loop at 24 in flight a
-replica for saturation throughput: ``SATURATION_WAVES`` times that many requests, so that
-the cold first wave is a small part of the round (1.5 times the Poisson rounds' count, as
-before, was 1.4 waves at 64 replicas: mostly the cold start, then replicas idle in the
-tail). ``--policies`` names a run's policies, each a name or a name with options
-(``prefix:load_factor=1000``, read by sim_gateway.py); the goal lines need least_load and
-prefix among them.
+dominant group (half the requests), no-reuse, and chat (sessions of 4 turns with 128-token
+answers, as many sessions as fill the round, one system prompt a replica shared among them;
+sent as a closed loop, each turn carrying the answers its session got), each ``--round-s``
+seconds of requests at the fleet's ``--rate``. Shared-prefix is also sent closed-loop at 24
+in flight a replica for saturation throughput: ``SATURATION_WAVES`` times that many
+requests, so that the cold first wave is a small part of the round (1.5 times the Poisson
+rounds' count, as before, was 1.4 waves at 64 replicas: mostly the cold start, then
+replicas idle in the tail). ``--policies`` names a run's policies, each a name or a name
+with options (``prefix:load_factor=1000``, read by sim_gateway.py); the goal lines need
+least_load and prefix among them.
 
 Per policy: realised hit rate (prefix_cache_hits / queries, read from every replica's
 /simulator/stats), throughput, TTFT p50/p99 at the client, busy time max/mean across
@@ -66,6 +68,7 @@ MODEL = "sim"
 POLICIES = ("least_load", "round_robin", "prefix")
 SYSTEM_LEN, QUESTION_LEN, OUTPUT_LEN = 1024, 64, 32
 GROUPS_PER_REPLICA, PROMPTS_PER_GROUP = 4, 8
+CHAT_TURNS, CHAT_OUTPUT_LEN = 4, 128  # the chat scenario: a session's turns and answers
 SATURATION_CONCURRENCY = 24  # in flight a replica
 SATURATION_WAVES = 7  # requests of the saturation round: this many times the concurrency
 RESTART_WINDOW_S = 5.0
@@ -76,6 +79,7 @@ class Scenario:
     name: str  # a workload of rayfleet bench, or "saturation" (shared-prefix, closed loop)
     prompts: list[Prompt]
     load: LoadShape
+    endpoint: str = "/v1/completions"
 
 
 def scenarios(num_replicas: int, rate: float, round_s: float, seed: int) -> list[Scenario]:
@@ -92,11 +96,19 @@ def scenarios(num_replicas: int, rate: float, round_s: float, seed: int) -> list
     concurrency = SATURATION_CONCURRENCY * num_replicas
     saturation = LoadShape(max_concurrency=concurrency)
     num_saturation = SATURATION_WAVES * concurrency
+    chat = dataclasses.replace(
+        shape,
+        num_groups=max(1, num_prompts // CHAT_TURNS),
+        output_len=CHAT_OUTPUT_LEN,
+        num_turns=CHAT_TURNS,
+        num_system_prompts=num_replicas,
+    )
     return [
         Scenario("shared-prefix", prompts("shared-prefix", shape), poisson),
         Scenario("saturation", prompts("shared-prefix", shape, num_saturation), saturation),
         Scenario("zipf-dominant", prompts("zipf", zipf), poisson),
         Scenario("no-reuse", prompts("no-reuse", shape), poisson),
+        Scenario("chat", prompts("chat", chat), poisson, "/v1/chat/completions"),
     ]
 
 
@@ -150,7 +162,7 @@ def sim_fleet(spec: EngineSpec, num_replicas: int, num_processes: int) -> Iterat
 def run_round(urls: list[str], policy: str, scenario: Scenario, num_clients: int) -> dict:
     restart_all(urls)
     with GatewayProcess(urls, MODEL, policy) as gateway:
-        target = Target(gateway.url, "/v1/completions", MODEL, request_timeout_s=300)
+        target = Target(gateway.url, scenario.endpoint, MODEL, request_timeout_s=300)
         output = run_load(target, scenario.prompts, scenario.load, num_processes=num_clients)
     return summarise(output, fleet_counts(urls))
 
@@ -254,7 +266,7 @@ def main() -> None:
         "--scenarios",
         type=lambda t: t.split(","),
         default=None,
-        help="only these: shared-prefix,saturation,zipf-dominant,no-reuse (default: all)",
+        help="only these: shared-prefix,saturation,zipf-dominant,no-reuse,chat (default: all)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sim-processes", type=int, default=1)

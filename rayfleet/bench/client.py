@@ -66,6 +66,7 @@ class RequestResult:
     num_input_tokens: int = 0
     num_output_tokens: int = 0
     replica: str = ""
+    text: str = ""  # the answer's text, kept only when asked (a chat session's turns)
 
     @property
     def error_kind(self) -> str:
@@ -117,9 +118,14 @@ def open_session(
 
 
 async def send_request(
-    session: aiohttp.ClientSession, target: Target, prompt: Prompt, headers: dict[str, str]
+    session: aiohttp.ClientSession,
+    target: Target,
+    prompt: Prompt,
+    headers: dict[str, str],
+    keep_text: bool = False,
 ) -> RequestResult:
-    """Send one streamed request and time it. Never raises for a failed request."""
+    """Send one streamed request and time it, keeping the answer's text in ``text`` when
+    ``keep_text``. Never raises for a failed request."""
     result = RequestResult(num_input_tokens=prompt.num_input_tokens)
     payload = json.dumps(request_body(target, prompt)).encode()
     result.start_s = time.perf_counter()
@@ -132,7 +138,7 @@ async def send_request(
                     body = await response.content.read(_ERROR_BODY_BYTES)
                     result.error = f"HTTP {response.status}: {body.decode(errors='replace')}"
                     return result
-                await read_stream(response, result)
+                await read_stream(response, result, keep_text)
     except TimeoutError:
         result.error = f"timeout: no end of stream after {target.request_timeout_s:g}s"
     except aiohttp.ClientError as exc:
@@ -140,11 +146,15 @@ async def send_request(
     return result
 
 
-async def read_stream(response: aiohttp.ClientResponse, result: RequestResult) -> None:
-    """Time each SSE event of ``response`` into ``result``."""
+async def read_stream(
+    response: aiohttp.ClientResponse, result: RequestResult, keep_text: bool = False
+) -> None:
+    """Time each SSE event of ``response`` into ``result``, and gather its text when
+    ``keep_text`` (which decodes every chunk: kept off the plain path)."""
     num_chunks = 0
     last_s = result.start_s
     pending = b""
+    pieces: list[str] = []
     async for data in response.content.iter_any():
         now_s = time.perf_counter()
         lines = (pending + data).split(b"\n")
@@ -160,6 +170,8 @@ async def read_stream(response: aiohttp.ClientResponse, result: RequestResult) -
                     result.itl_s.append(now_s - last_s)
                 last_s = now_s
                 num_chunks += 1
+                if keep_text:
+                    pieces.append(choice_text(line))
             if any(marker in line for marker in _USAGE_MARKERS) or (
                 not has_choice and b'"error"' in line
             ):
@@ -170,9 +182,23 @@ async def read_stream(response: aiohttp.ClientResponse, result: RequestResult) -
         result.error = "empty stream: no chunk with a choice arrived"
         return
     result.e2e_s = last_s - result.start_s
+    result.text = "".join(pieces)
     if not result.num_output_tokens:
         result.num_output_tokens = num_chunks
     result.ok = True
+
+
+def choice_text(line: bytes) -> str:
+    """The text one streamed chunk adds: a chat delta's content or a completion's text."""
+    try:
+        choice = json.loads(line[5:])["choices"][0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return ""
+    if not isinstance(choice, dict):
+        return ""
+    delta = choice.get("delta")
+    piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+    return piece if isinstance(piece, str) else ""
 
 
 def read_event(line: bytes, result: RequestResult) -> None:

@@ -43,12 +43,15 @@ class Tokenizer(Protocol):
 @dataclass(frozen=True)
 class Prompt:
     """One request to send: text, its length in tokens, and how many tokens to ask for;
-    ``messages`` (role, content) when it is a chat turn with history."""
+    ``messages`` (role, content) when it is a chat turn with history, and ``session`` when
+    that history is a conversation's: its turns are sent one after another, each with the
+    answers the turns before it got in place of its assistant messages (``bench.drive``)."""
 
     text: str
     num_input_tokens: int
     num_output_tokens: int
     messages: tuple[tuple[str, str], ...] | None = None
+    session: int | None = None
 
 
 @dataclass(frozen=True)

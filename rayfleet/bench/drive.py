@@ -1,5 +1,8 @@
 """Send one schedule of requests from one event loop, and count what comes back.
 
+A chat session's turns go as a closed loop (``bench.conversations``): each once the turn
+before it has ended, with the answers its session got.
+
 ``drive`` is the sending loop that ``runner.py`` runs in its own process or in each worker
 process, on the event loop ``use_uvloop`` chooses; ``Counts`` is its live progress and
 ``RunOutput`` what it returns.
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rayfleet.bench.client import RequestResult, Target, open_session, request_headers, send_request
+from rayfleet.bench.conversations import Conversations, Turn
 from rayfleet.bench.datasets import Prompt
 
 
@@ -79,9 +83,19 @@ async def drive(
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
     tasks: list[asyncio.Task[RequestResult]] = []
 
-    async def one(prompt: Prompt, scheduled_s: float) -> RequestResult:
-        async with limit:
-            result = await send_request(session, target, prompt, headers)
+    conversations = Conversations()
+
+    async def one(prompt: Prompt, scheduled_s: float, turn: Turn | None) -> RequestResult:
+        result = None
+        try:
+            if turn:
+                prompt, ready_s = await turn.ready()
+                scheduled_s = max(scheduled_s, ready_s)
+            async with limit:
+                result = await send_request(session, target, prompt, headers, bool(turn))
+        finally:
+            if turn:
+                turn.end(result)
         result.scheduled_s = scheduled_s
         counts.add(result)
         return result
@@ -92,7 +106,8 @@ async def drive(
             # began, so on a busy machine one sleep can wake before the request is due.
             while (delay_s := run_start_s + offset_s - time.perf_counter()) > 0:
                 await asyncio.sleep(delay_s)
-            tasks.append(asyncio.create_task(one(prompt, run_start_s + offset_s)))
+            turn = conversations.turn(prompt)
+            tasks.append(asyncio.create_task(one(prompt, run_start_s + offset_s, turn)))
         if tasks:
             await asyncio.wait(tasks)
 

@@ -132,14 +132,15 @@ def _start_worker(
     sync: _WorkerSync,
 ) -> Worker:
     share = split_for_processes(shape, num_processes, index)
+    mine = [i for i, prompt in enumerate(prompts) if process_of(prompt, i, num_processes) == index]
     counts = ctx.Array("q", 3, lock=False)
     receiver, sender = ctx.Pipe(duplex=False)
     process = ctx.Process(
         target=_worker_main,
         args=(
             target,
-            list(prompts[index::num_processes]),
-            offsets_s[index::num_processes],
+            [prompts[i] for i in mine],
+            offsets_s[mine],
             share,
             counts,
             sync,
@@ -150,6 +151,13 @@ def _start_worker(
     process.start()
     sender.close()
     return process, receiver, counts
+
+
+def process_of(prompt: Prompt, position: int, num_processes: int) -> int:
+    """Which of ``num_processes`` sends the prompt at ``position``: every turn of a chat
+    session goes from one process (each waits for the one before), other prompts by turns."""
+    key = position if prompt.session is None else prompt.session
+    return key % num_processes
 
 
 def _collect(workers: list[Worker], on_progress: OnProgress | None) -> list[RunOutput]:

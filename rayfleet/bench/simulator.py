@@ -52,6 +52,7 @@ class SimulatorSpec:
     fail_every: int = 0
     fail_status: int = 503
     stream_error_every: int = 0
+    keep_bodies: bool = False  # /simulator/stats lists each request's [arrival_s, body] too
 
 
 def token_chunk(is_chat: bool) -> bytes:
@@ -80,6 +81,14 @@ def usage_chunk(num_prompt: int, num_completion: int) -> bytes:
         },
     }
     return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+def prompt_chars(body: dict[str, Any]) -> int:
+    """The characters of a request's prompt, or of its messages' contents."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
+    return len(str(body.get("prompt", "")))
 
 
 ERROR_EVENT = b'data: {"error":{"message":"replica lost","type":"server_error","code":502}}\n\n'
@@ -117,7 +126,7 @@ def make_app(spec: SimulatorSpec) -> web.Application:
     """The simulator's aiohttp app: ``/v1/completions``, ``/v1/chat/completions``,
     ``/v1/models``, ``/simulator/stats`` (requests seen so far, with their timings) and
     ``/simulator/reset``."""
-    seen: dict[str, Any] = {"num_requests": 0, "requests": []}
+    seen: dict[str, Any] = {"num_requests": 0, "requests": [], "bodies": []}
     replicas = itertools.cycle(spec.replica_names) if spec.replica_names else None
     chunks = {False: token_chunk(False), True: token_chunk(True)}
 
@@ -126,6 +135,8 @@ def make_app(spec: SimulatorSpec) -> web.Application:
         seen["num_requests"] += 1
         number = seen["num_requests"]
         body = await request.json()
+        if spec.keep_bodies:
+            seen["bodies"].append([arrival_s, body])
         headers = {REPLICA_HEADER: next(replicas)} if replicas else {}
         if spec.fail_every and number % spec.fail_every == 0:
             return web.json_response(
@@ -143,7 +154,7 @@ def make_app(spec: SimulatorSpec) -> web.Application:
         timing = [arrival_s, 0.0, 0.0, 0]
         try:
             fails = bool(spec.stream_error_every) and number % spec.stream_error_every == 0
-            usage = usage_chunk(len(str(body.get("prompt", ""))) // 4, num_tokens)
+            usage = usage_chunk(prompt_chars(body) // 4, num_tokens)
             await stream_tokens(response, spec, chunks[is_chat], num_tokens, fails, usage, timing)
         except ConnectionError:  # the client went away (a cancelled bench): nothing to do
             pass
@@ -155,6 +166,7 @@ def make_app(spec: SimulatorSpec) -> web.Application:
 
     async def reset(request: web.Request) -> web.Response:
         seen["requests"] = []
+        seen["bodies"] = []
         return web.json_response(seen)
 
     async def models(request: web.Request) -> web.Response:

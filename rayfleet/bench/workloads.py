@@ -5,10 +5,13 @@
   generated-shared-prefix; its published setting is 64 x 16 with 2048/128/256). All G x P
   prompts, shuffled; ``--num-prompts`` takes that many, cycling.
 - ``chat``: G sessions of T turns, each session opening with one of a few shared system
-  prompts; every turn re-sends the whole history (system, then user and assistant turns,
-  the assistant's turns O tokens of fixed text) plus a new user message of Q tokens. Sent
-  turn by turn (turn 1 of every session, then turn 2, ...), so with fewer requests in
-  flight than sessions a turn follows its predecessor's answer. Sent as chat messages.
+  prompts; every turn re-sends the whole history (system, then user and assistant turns)
+  plus a new user message of Q tokens. Scheduled turn by turn (turn 1 of every session,
+  then turn 2, ...), and sent as a closed loop: a turn waits for its predecessor's answer
+  and carries the answers its session got, as a chat application's client does
+  (``bench.drive``). The dataset holds O tokens of fixed text for each answer, which a
+  sender that keeps no answers (another tool's, or a failed turn) sends instead. Sent as
+  chat messages; ``--num-prompts`` past G x T starts new sessions.
 - ``zipf``: every prompt picks a group with probability proportional to
   ``1 / rank ** exponent``; ``--zipf-dominant-share`` sends that share to group 0 first
   (1.0: one single dominant group). Each prompt is its group's system prompt plus a
@@ -23,6 +26,7 @@ simulated fleet needs no model files.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -72,7 +76,22 @@ def make_workload(spec: DatasetSpec, tokenizer: Tokenizer | None) -> list[Prompt
     }
     text = TextMaker(tokenizer, np.random.default_rng(spec.seed))
     prompts = makers[spec.name](spec, text)
-    return [prompts[i % len(prompts)] for i in range(spec.num_prompts)]
+    return cycled(prompts, spec.num_prompts)
+
+
+def cycled(prompts: list[Prompt], num_prompts: int) -> list[Prompt]:
+    """``num_prompts`` of ``prompts``, repeated as often as needed; a repeat of a chat turn
+    belongs to a new session, so a conversation never goes on past its own last turn."""
+    sessions = [p.session for p in prompts if p.session is not None]
+    num_sessions = max(sessions) + 1 if sessions else 0
+    out = []
+    for i in range(num_prompts):
+        prompt = prompts[i % len(prompts)]
+        repeat = i // len(prompts)
+        if repeat and prompt.session is not None:
+            prompt = replace(prompt, session=prompt.session + repeat * num_sessions)
+        out.append(prompt)
+    return out
 
 
 def check_shape(shape: WorkloadShape) -> None:
@@ -114,13 +133,19 @@ def chat_prompts(spec: DatasetSpec, text: TextMaker) -> list[Prompt]:
     ]
     prompts = []
     for turn in range(shape.num_turns):
-        for history in histories:
+        for session, history in enumerate(histories):
             if turn:
                 history.append(("assistant", reply))
             history.append(("user", text.text(shape.question_len)))
             num_tokens = sum(text.count(content) for _, content in history)
             prompts.append(
-                Prompt(history[-1][1], num_tokens, shape.output_len, messages=tuple(history))
+                Prompt(
+                    history[-1][1],
+                    num_tokens,
+                    shape.output_len,
+                    messages=tuple(history),
+                    session=session,
+                )
             )
     return prompts
 
