@@ -111,7 +111,13 @@ class DatasetOptions:
     gsp_output_len: Annotated[
         int, typer.Option(help="Output tokens of the cache workloads (chat: reply length).")
     ] = 256
-    chat_num_turns: Annotated[int, typer.Option(help="Turns per chat session.")] = 4
+    chat_num_turns: Annotated[
+        int,
+        typer.Option(
+            help="Turns per chat session; a turn goes once the one before it has answered, "
+            "with the answers its session got."
+        ),
+    ] = 4
     chat_num_system_prompts: Annotated[
         int, typer.Option(help="Distinct system prompts the chat sessions share.")
     ] = 4
