@@ -15,9 +15,13 @@ process with the round's policy in front of the two URLs (sim_gateway.py, the sa
 runner at a Poisson rate; rounds alternate the order of the policies. Workloads
 (rayfleet.bench.workloads, exact token lengths with the tiny model's tokenizer):
 shared-prefix (``GROUPS`` groups x ``PROMPTS_PER_GROUP`` questions, ``--system-tokens`` /
-``--question-tokens`` / ``--output-tokens`` tokens, in a random order) and no-reuse (the control).
-The servers' ``max_model_len`` is the power of two that holds one whole prompt and its
-output; the tiny model's positions stop at ``MAX_POSITIONS``.
+``--question-tokens`` / ``--output-tokens`` tokens, in a random order), no-reuse (the
+control) and, with ``--scenarios``, chat: sessions of ``CHAT_TURNS`` turns sharing the
+``GROUPS`` system prompts, as many sessions as fill the round, sent to the chat endpoint as
+a closed loop (each turn once the one before has answered, with the answers its session
+got, so the history a server sees is the one it wrote). The servers' ``max_model_len`` is
+the power of two that holds the longest prompt and its output; the tiny model's positions
+stop at ``MAX_POSITIONS``.
 
 Per policy: the realised hit rate (the increase of vLLM's own ``prefix_cache_hits`` over
 ``prefix_cache_queries`` on both servers during the round; for prefix, beside it in each
@@ -55,7 +59,8 @@ from rayfleet.models.build import make_tiny
 
 MODEL = "tiny"
 POLICIES = ("least_load", "round_robin", "prefix")
-SCENARIOS = ("shared-prefix", "no-reuse")
+SCENARIOS = ("shared-prefix", "no-reuse", "chat")
+CHAT_TURNS = 4
 BLOCK_SIZE = 32
 SYSTEM_LEN, QUESTION_LEN, OUTPUT_LEN = 768, 32, 16  # the system prompt's by default
 GROUPS, PROMPTS_PER_GROUP = 8, 8
@@ -68,34 +73,49 @@ ENGINE_ARGS = {
 }
 
 
-def engine_args(shape: WorkloadShape, kv_fraction: float) -> dict[str, object]:
-    """The servers' arguments: a context that holds one whole prompt and its output, and
+def engine_args(shape: WorkloadShape, kv_fraction: float, chat: bool) -> dict[str, object]:
+    """The servers' arguments: a context that holds the longest prompt and its output, and
     KV blocks for ``kv_fraction`` of the system prompts, or one whole context if that is
     more (vLLM refuses fewer blocks than max_model_len needs)."""
-    prompt_len = shape.system_prompt_len + shape.question_len + shape.output_len
+    prompt_len = longest_prompt(shape, chat)
     max_model_len = 1 << (prompt_len - 1).bit_length()
     shared = shape.num_groups * shape.system_prompt_len / BLOCK_SIZE
     blocks = max(math.ceil(kv_fraction * shared), max_model_len // BLOCK_SIZE)
     return {**ENGINE_ARGS, "max_model_len": max_model_len, "num_gpu_blocks_override": blocks}
 
 
-def workload_shape(system_len: int, question_len: int, output_len: int) -> WorkloadShape:
-    """The shared-prefix shape; a prompt and its output must fit the tiny model's
+def longest_prompt(shape: WorkloadShape, chat: bool) -> int:
+    """Tokens of the longest prompt and its output: a chat's last turn holds every turn."""
+    turns = CHAT_TURNS if chat else 1
+    return shape.system_prompt_len + turns * (shape.question_len + shape.output_len)
+
+
+def workload_shape(
+    system_len: int, question_len: int, output_len: int, chat: bool
+) -> WorkloadShape:
+    """The shared-prefix shape; the longest prompt and its output must fit the tiny model's
     positions (a one-line error naming the options otherwise)."""
     if min(system_len, question_len, output_len) < 1:
         sys.exit("error: --system-tokens, --question-tokens and --output-tokens must be >= 1")
-    if system_len + question_len + output_len > MAX_POSITIONS:
+    shape = WorkloadShape(GROUPS, PROMPTS_PER_GROUP, system_len, question_len, output_len)
+    if longest_prompt(shape, chat) > MAX_POSITIONS:
+        turns = f"{CHAT_TURNS} chat turns of " if chat else ""
         sys.exit(
-            f"error: --system-tokens {system_len} + --question-tokens {question_len} + "
+            f"error: --system-tokens {system_len} + {turns}--question-tokens {question_len} + "
             f"--output-tokens {output_len} is over the tiny model's {MAX_POSITIONS} "
             "positions; lower one of them"
         )
-    return WorkloadShape(GROUPS, PROMPTS_PER_GROUP, system_len, question_len, output_len)
+    return shape
 
 
 def workload(
     name: str, num_prompts: int, tokenizer: object, seed: int, shape: WorkloadShape
 ) -> list[Prompt]:
+    if name == "chat":
+        sessions = max(1, num_prompts // CHAT_TURNS)
+        shape = dataclasses.replace(
+            shape, num_groups=sessions, num_turns=CHAT_TURNS, num_system_prompts=GROUPS
+        )
     spec = DatasetSpec(name=name, num_prompts=num_prompts, seed=seed, workload=shape)
     return make_workload(spec, tokenizer)  # type: ignore[arg-type]
 
@@ -131,11 +151,14 @@ def summarise(output: RunOutput, hits: float, queries: float) -> dict[str, float
     }
 
 
-def run_round(urls: list[str], policy: str, prompts: list[Prompt], rate: float, seed: int) -> dict:
+def run_round(
+    urls: list[str], policy: str, scenario: str, prompts: list[Prompt], rate: float, seed: int
+) -> dict:
     reset_caches(urls)
     hits0, queries0 = cache_counters(urls)
+    endpoint = "/v1/chat/completions" if scenario == "chat" else "/v1/completions"
     with GatewayProcess(urls, MODEL, policy) as gateway:
-        target = Target(gateway.url, "/v1/completions", MODEL, ignore_eos=True)
+        target = Target(gateway.url, endpoint, MODEL, ignore_eos=True)
         output = run_load(target, prompts, LoadShape(request_rate=rate, seed=seed))
         predicted = predicted_hit_rate(gateway.url)
     hits1, queries1 = cache_counters(urls)
@@ -156,6 +179,12 @@ def predicted_hit_rate(gateway_url: str) -> float | None:
 
 
 def goal_lines(scenarios: dict[str, dict[str, list[dict]]]) -> list[str]:
+    needed = {"shared-prefix", "no-reuse"}
+    if not needed <= scenarios.keys() or not all(
+        {"prefix", "least_load"} <= scenarios[name].keys() for name in needed
+    ):
+        return ["(no goals: they need shared-prefix and no-reuse, prefix and least_load)"]
+
     def mean(scenario: str, policy: str, column: str) -> float:
         return mean_row(scenarios[scenario][policy])[column]
 
@@ -202,6 +231,12 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--scenarios",
+        default="shared-prefix,no-reuse",
+        type=lambda text: text.split(","),
+        help=f"comma-separated, of {','.join(SCENARIOS)}",
+    )
+    parser.add_argument(
         "--policies",
         default=",".join(POLICIES),
         type=policy_list,
@@ -209,14 +244,19 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=Path("docs/results/routing-vllm"))
     args = parser.parse_args()
+    if unknown := set(args.scenarios) - set(SCENARIOS):
+        sys.exit(f"error: --scenarios {','.join(sorted(unknown))}: not one of {SCENARIOS}")
 
-    shape = workload_shape(args.system_tokens, args.question_tokens, args.output_tokens)
+    chat = "chat" in args.scenarios
+    shape = workload_shape(args.system_tokens, args.question_tokens, args.output_tokens, chat)
     model = str(make_tiny())
     tokenizer = load_tokenizer(model)
-    arguments = engine_args(shape, args.kv_fraction)
+    arguments = engine_args(shape, args.kv_fraction, chat)
     num_prompts = int(args.rate * args.round_s)
     policies = args.policies
-    results: dict[str, dict[str, list[dict]]] = {s: {p: [] for p in policies} for s in SCENARIOS}
+    results: dict[str, dict[str, list[dict]]] = {
+        s: {p: [] for p in policies} for s in args.scenarios
+    }
     engines = [
         EngineProcess(model, MODEL, arguments, env={"VLLM_SERVER_DEV_MODE": "1"}) for _ in range(2)
     ]
@@ -227,11 +267,12 @@ def main() -> None:
             engine.wait_healthy(timeout_s=900)
         urls = [engine.url for engine in engines]
         for round_ in range(args.rounds):
-            for scenario in SCENARIOS:
+            for scenario in args.scenarios:
                 prompts = workload(scenario, num_prompts, tokenizer, args.seed + round_, shape)
                 order = policies if round_ % 2 == 0 else policies[::-1]
                 for policy in order:
-                    row = run_round(urls, policy, prompts, args.rate, args.seed + round_)
+                    seed = args.seed + round_
+                    row = run_round(urls, policy, scenario, prompts, args.rate, seed)
                     results[scenario][policy].append(row)
                     shown = {k: round(v, 3) for k, v in row.items()}
                     print(f"round {round_} {scenario:13s} {policy:22s} {shown}", flush=True)

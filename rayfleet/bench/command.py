@@ -179,3 +179,33 @@ def compare(
     if len(runs) < 2:
         raise RayfleetError("bench compare needs at least two runs, e.g. compare A.json B.json")
     Console().print(compare_table(runs))
+
+
+@app.command()
+@option_groups
+def dataset(
+    dataset: DatasetOptions,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="The JSONL file to write ('-': stdout).")
+    ],
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            help="Tokenizer (a local directory or hub name) for lengths in the model's tokens; "
+            "without one the cache workloads count the simulator's tokens (4 characters)."
+        ),
+    ] = None,
+) -> None:
+    """Write the prompts `rayfleet bench` would send to a JSONL file other tools read:
+    `rayfleet bench dataset --dataset-name shared-prefix -o sp.jsonl`, then `rayfleet bench
+    --dataset-name jsonl --dataset-path sp.jsonl` or `vllm bench serve --dataset-name custom
+    --dataset-path sp.jsonl --custom-output-len -1`."""
+    from rayfleet.bench.dataset_file import write_dataset
+    from rayfleet.bench.datasets import load_tokenizer, make_prompts
+    from rayfleet.bench.flags import dataset_spec
+
+    spec = dataset_spec(dataset)
+    prompts = make_prompts(spec, load_tokenizer(tokenizer) if tokenizer else None)
+    write_dataset(prompts, output)
+    if str(output) != "-":
+        Console(stderr=True).print(f"wrote {len(prompts)} prompts to {output}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -179,8 +179,11 @@ def mixed_prompts(
 def jsonl_prompts(spec: DatasetSpec, tokenizer: Tokenizer | None) -> list[Prompt]:
     """Prompts from a JSONL file: ``{"prompt": "...", "max_tokens": 64}`` a line.
 
-    ``max_tokens`` is optional (default ``--random-output-len``); the file is cycled
-    until ``--num-prompts`` prompts are made.
+    ``max_tokens`` is optional (default ``--random-output-len``); a chat turn may add its
+    ``messages`` (``[{"role": ..., "content": ...}, ...]``, sent to a chat endpoint in place
+    of the prompt) and its ``session`` (a number: the session's turns go one after another,
+    in file order), as ``rayfleet bench dataset`` writes them. The file is cycled until
+    ``--num-prompts`` prompts are made.
     """
     if spec.dataset_path is None:
         raise RayfleetError("--dataset-name jsonl needs --dataset-path FILE.jsonl")
@@ -191,11 +194,26 @@ def jsonl_prompts(spec: DatasetSpec, tokenizer: Tokenizer | None) -> list[Prompt
             '{"prompt": "Hello"}'
         )
     prompts = []
-    for i in range(spec.num_prompts):
-        text, max_tokens = rows[i % len(rows)]
-        num_input = count_tokens(tokenizer, text) if tokenizer is not None else 0
-        prompts.append(Prompt(text, num_input, max_tokens or spec.random_output_len))
-    return prompts
+    for row in rows:
+        num_input = count_tokens(tokenizer, row.text) if tokenizer is not None else 0
+        num_output = row.num_output_tokens or spec.random_output_len
+        prompts.append(replace(row, num_input_tokens=num_input, num_output_tokens=num_output))
+    return cycled(prompts, spec.num_prompts)
+
+
+def cycled(prompts: list[Prompt], num_prompts: int) -> list[Prompt]:
+    """``num_prompts`` of ``prompts``, repeated as often as needed; a repeat of a chat turn
+    belongs to a new session, so a conversation never goes on past its own last turn."""
+    sessions = [p.session for p in prompts if p.session is not None]
+    num_sessions = max(sessions) + 1 if sessions else 0
+    out = []
+    for i in range(num_prompts):
+        prompt = prompts[i % len(prompts)]
+        repeat = i // len(prompts)
+        if repeat and prompt.session is not None:
+            prompt = replace(prompt, session=prompt.session + repeat * num_sessions)
+        out.append(prompt)
+    return out
 
 
 def random_text(
@@ -269,18 +287,38 @@ def _jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
         raise RayfleetError(f"--dataset-path: cannot read {path} ({exc.strerror})") from None
 
 
-def _jsonl_row(path: Path, number: int, line: str) -> tuple[str, int | None]:
+def _jsonl_row(path: Path, number: int, line: str) -> Prompt:
+    """The line's prompt; its token counts are the ones the file gives (0 when none)."""
+    where = f"--dataset-path {path}:{number}"
     try:
         row: Any = json.loads(line)
     except json.JSONDecodeError:
-        raise RayfleetError(
-            f"--dataset-path {path}:{number} is not JSON; write one object a line"
-        ) from None
+        raise RayfleetError(f"{where} is not JSON; write one object a line") from None
     if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-        raise RayfleetError(f'--dataset-path {path}:{number} needs a "prompt" string')
+        raise RayfleetError(f'{where} needs a "prompt" string')
     max_tokens = row.get("max_tokens")
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-        raise RayfleetError(
-            f'--dataset-path {path}:{number}: "max_tokens" must be a positive integer'
-        )
-    return row["prompt"], max_tokens
+        raise RayfleetError(f'{where}: "max_tokens" must be a positive integer')
+    session = row.get("session")
+    if session is not None and (not isinstance(session, int) or session < 0):
+        raise RayfleetError(f'{where}: "session" must be a number of 0 or more')
+    messages = _jsonl_messages(where, row.get("messages"))
+    return Prompt(row["prompt"], 0, max_tokens or 0, messages=messages, session=session)
+
+
+def _jsonl_messages(where: str, value: Any) -> tuple[tuple[str, str], ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value:
+        raise RayfleetError(f'{where}: "messages" must be a non-empty list')
+    messages = []
+    for message in value:
+        fields = ("role", "content")
+        role, content = (message.get(f) if isinstance(message, dict) else None for f in fields)
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise RayfleetError(
+                f'{where}: each of "messages" needs "role" and "content" strings, '
+                'like {"role": "user", "content": "Hello"}'
+            )
+        messages.append((role, content))
+    return tuple(messages)

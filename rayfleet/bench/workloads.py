@@ -26,7 +26,6 @@ simulated fleet needs no model files.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 import numpy as np
 
@@ -36,6 +35,7 @@ from rayfleet.bench.datasets import (
     Tokenizer,
     WorkloadShape,
     count_tokens,
+    cycled,
     ordinary_token_ids,
     random_text,
 )
@@ -77,21 +77,6 @@ def make_workload(spec: DatasetSpec, tokenizer: Tokenizer | None) -> list[Prompt
     text = TextMaker(tokenizer, np.random.default_rng(spec.seed))
     prompts = makers[spec.name](spec, text)
     return cycled(prompts, spec.num_prompts)
-
-
-def cycled(prompts: list[Prompt], num_prompts: int) -> list[Prompt]:
-    """``num_prompts`` of ``prompts``, repeated as often as needed; a repeat of a chat turn
-    belongs to a new session, so a conversation never goes on past its own last turn."""
-    sessions = [p.session for p in prompts if p.session is not None]
-    num_sessions = max(sessions) + 1 if sessions else 0
-    out = []
-    for i in range(num_prompts):
-        prompt = prompts[i % len(prompts)]
-        repeat = i // len(prompts)
-        if repeat and prompt.session is not None:
-            prompt = replace(prompt, session=prompt.session + repeat * num_sessions)
-        out.append(prompt)
-    return out
 
 
 def check_shape(shape: WorkloadShape) -> None:
