@@ -267,11 +267,11 @@ def main() -> None:
             engine.wait_healthy(timeout_s=900)
         urls = [engine.url for engine in engines]
         for round_ in range(args.rounds):
+            seed = args.seed + round_
             for scenario in args.scenarios:
-                prompts = workload(scenario, num_prompts, tokenizer, args.seed + round_, shape)
+                prompts = workload(scenario, num_prompts, tokenizer, seed, shape)
                 order = policies if round_ % 2 == 0 else policies[::-1]
                 for policy in order:
-                    seed = args.seed + round_
                     row = run_round(urls, policy, scenario, prompts, args.rate, seed)
                     results[scenario][policy].append(row)
                     shown = {k: round(v, 3) for k, v in row.items()}
