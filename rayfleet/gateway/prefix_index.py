@@ -24,7 +24,10 @@ Segments are kept least recently used first. Recording a prompt adds segments fo
 past its held prefix, last first, then makes the held blocks' segments the most recent, last
 first: one lookup per segment, walking back from the prefix's last block to the start of
 its segment. Past the table's capacity (``capacity_blocks``, or less once ``size`` has told
-the index what the replica's KV cache holds) the least recently used segment goes whole.
+the index what the replica's KV cache holds) the least recently used segment loses its last
+blocks, as many as are over; whole, if that is not enough, and then the next.
+Each segment keeps when it was last used, on a clock of recordings the whole index shares,
+so that replicas can be compared by what a new prefix would evict (``eviction_order``).
 Whenever a block is learnt or used, so is every block before it, in a segment at least as
 recent: a replica's blocks of any prompt form a prefix, a prompt's tail goes before its head
 (as vLLM frees the tail of a sequence first), and ``held_prefix`` finds the prefix by
@@ -104,13 +107,15 @@ class BlockHasher:
 
 class Segment:
     """Up to ``_SEGMENT_BLOCKS`` consecutive blocks of one prompt, from block ``start``, learnt
-    together; they are used, and forgotten, together."""
+    together; they are used, and forgotten, together. ``used``: the index's count of
+    recordings when it was last learnt or used."""
 
-    __slots__ = ("hashes", "start")
+    __slots__ = ("hashes", "start", "used")
 
-    def __init__(self, start: int, hashes: list[int]):
+    def __init__(self, start: int, hashes: list[int], used: int = 0):
         self.start = start
         self.hashes = hashes
+        self.used = used
 
 
 class BlockTable(dict[int, Segment]):
@@ -177,6 +182,7 @@ class PrefixIndex:
         self._named_holders: list[_Holder] = []
         self._named_tables: list[BlockTable] = []
         self._named_at = 0.0
+        self._num_recorded = 0  # recordings so far: the segments' clock
 
     # -- membership -------------------------------------------------------------------
 
@@ -228,8 +234,7 @@ class PrefixIndex:
         holder = self._holders.get(replica_id)
         if holder is not None:
             holder.blocks.capacity = bound
-            while len(holder.blocks) > bound:
-                self._evict(holder.blocks)
+            self._evict(holder.blocks, len(holder.blocks) - bound)
 
     def started(self, replica_id: str, start_time: float) -> bool:
         """Note when a replica's engine started; True when that moved since the last
@@ -272,10 +277,11 @@ class PrefixIndex:
         held = min(held_prefix(table, hashes) if held is None else held, len(hashes))
         segments = table.segments
         size = self._segment_blocks
+        self._num_recorded = now = self._num_recorded + 1
         end = len(hashes)
         while end > held:  # the new blocks, last first, in segments aligned on ``size``
             start = max(held, (end - 1) // size * size)
-            segment = Segment(start, list(hashes[start:end]))
+            segment = Segment(start, list(hashes[start:end]), now)
             table.update(zip(segment.hashes, repeat(segment)))
             segments[segment] = None
             end = start
@@ -284,20 +290,42 @@ class PrefixIndex:
             segment = table[hashes[at]]
             del segments[segment]
             segments[segment] = None  # the most recent
+            segment.used = now
             at = min(segment.start, at) - 1
-        while len(table) > capacity:
-            self._evict(table)
+        self._evict(table, len(table) - capacity)
 
     @staticmethod
-    def _evict(table: BlockTable) -> None:
-        segment = next(iter(table.segments))
-        del table.segments[segment]
+    def _evict(table: BlockTable, num_blocks: int) -> None:
+        """Forget ``num_blocks`` blocks, the least recently used segment's last first, as
+        vLLM frees a sequence's tail first: a shared prefix that a cache has started to
+        evict still hits for its head there, and the index says so."""
+        segments = table.segments
         get = table.get
-        for h in segment.hashes:
-            if get(h) is segment:  # not learnt again elsewhere (a hash collision)
-                del table[h]
+        while num_blocks > 0 and segments:
+            segment = next(iter(segments))
+            hashes = segment.hashes
+            keep = max(0, len(hashes) - num_blocks)
+            for h in hashes[keep:]:
+                if get(h) is segment:  # not learnt again elsewhere (a hash collision)
+                    del table[h]
+            num_blocks -= len(hashes) - keep
+            if keep:
+                del hashes[keep:]
+            else:
+                del segments[segment]
 
     # -- what it holds ----------------------------------------------------------------
+
+    def eviction_order(self, table: BlockTable, num_new_blocks: int) -> tuple[int, int]:
+        """How little learning ``num_new_blocks`` more would cost the replica of ``table``,
+        smaller first: a table with room for them evicts nothing (the emptier first); a full
+        one evicts its least recently used segment, which costs less the longer ago it was
+        used. A replica given more prefixes than its cache holds keeps evicting what it
+        uses again soon: its oldest segment is recent, and new prefixes go elsewhere."""
+        capacity = table.capacity or self.capacity_blocks
+        if len(table) + num_new_blocks <= capacity:
+            return (0, len(table))
+        return (1, next(iter(table.segments)).used if table.segments else 0)
 
     def num_blocks(self) -> dict[str, int]:
         """Blocks indexed per replica id."""

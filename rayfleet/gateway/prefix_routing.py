@@ -17,10 +17,14 @@ requests it has more than another cost less than the prefill it saves, and no lo
 dominant prefix spreads to a second replica as soon as the first one's extra queue
 outweighs it, with no fixed gap and no switch for the whole fleet. Replicas with
 ``max_inflight`` requests in flight are skipped while another has room. Ties go to the
-tied replica whose index holds the fewest blocks, and among those to a random one: a new
-prefix goes where it evicts least. On two real vLLM servers that each hold 60% of the
-workload's prefixes, groups placed by chance split unevenly (5 and 3 of 8, say), and the
-fuller server evicted what it would have reused.
+tied replica where the prompt evicts least, and among those to a random one: one with room
+for its new blocks (the emptiest), else the one whose least recently used prefix was used
+longest ago. On two real vLLM servers that each hold 60% of the workload's prefixes,
+groups placed by chance split unevenly (5 and 3 of 8, say), and the fuller server evicted
+what it would have reused; once every index is full, a replica holding more groups than
+its cache keeps evicting prefixes it uses again soon, so its oldest is recent, and a group
+it lost goes to the other replica instead of back to it (chat on two simulated replicas
+capped as the vLLM benchmark caps them: README, "Chat").
 
 ``request_cost_blocks: null`` learns the cost instead, as the recent mean of the blocks
 each routed request had left to prefill (at least one); at saturation that spirals (a low
@@ -252,18 +256,20 @@ class PrefixRouting:
                 tied.append((i, held))
         if len(tied) == 1:
             return tied[0]
-        return self._rng.choice(self._roomiest(tied, tables))
+        return self._rng.choice(self._roomiest(tied, tables, num_blocks))
 
-    @staticmethod
     def _roomiest(
-        tied: list[tuple[int, int]], tables: Sequence[BlockTable]
+        self, tied: list[tuple[int, int]], tables: Sequence[BlockTable], num_blocks: int
     ) -> list[tuple[int, int]]:
-        """Of replicas tied in cost, those whose index holds the fewest blocks: a prefix
-        none of them holds goes where it evicts least, so the groups of a workload split
-        evenly over the replicas instead of by chance, and a replica left with more than
-        its cache holds does not get still more."""
-        fewest = min(len(tables[i]) for i, _ in tied)
-        return [entry for entry in tied if len(tables[entry[0]]) == fewest]
+        """Of replicas tied in cost, those where the prompt's new blocks evict least
+        (``PrefixIndex.eviction_order``): one with room, the emptiest; else the one whose
+        least recently used prefix was used longest ago. So the groups of a workload split
+        evenly over the replicas instead of by chance, and a prefix that a replica holding
+        more than its cache evicted moves to one with room instead of coming back."""
+        order = self.index.eviction_order
+        keys = [order(tables[i], num_blocks - held) for i, held in tied]
+        least = min(keys)
+        return [entry for entry, key in zip(tied, keys, strict=True) if key == least]
 
     def learn_from_peer(self, replica: Replica, hashes: Sequence[int]) -> None:
         """What another worker of the gateway sent ``replica``: it holds ``hashes`` now."""

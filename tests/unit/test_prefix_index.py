@@ -185,3 +185,34 @@ def test_a_replica_sized_from_its_kv_cache_keeps_no_more_than_it_holds():
     index.size("r1", 10**9)  # never above the index's own bound
     index.record(t_large, chain(rng, 2000))
     assert len(t_large) == 1000
+
+
+def test_a_table_over_its_bound_loses_the_oldest_segment_s_last_blocks_only():
+    """As vLLM frees a sequence's tail first, a shared prefix the cache has started to
+    evict still hits for its head: the index keeps that head instead of the whole
+    segment going (which sent the prefix's next request to a replica holding none of it)."""
+    rng = random.Random(9)
+    index = PrefixIndex(capacity_blocks=100)
+    table = BlockTable()
+    system = chain(rng, 50)
+    index.record(table, system)
+    index.record(table, chain(rng, 45))  # 95 blocks: under the bound
+    assert held_prefix(table, system) == 50
+    index.record(table, chain(rng, 8))  # 3 over: the system prompt is the oldest
+    assert len(table) == 100 and num_listed(table) == 100
+    assert held_prefix(table, system) == 47
+    index.record(table, chain(rng, 60))  # more than it has left: gone whole, then the next
+    assert held_prefix(table, system) == 0 and len(table) == 100 == num_listed(table)
+
+
+def test_eviction_order_prefers_room_then_the_oldest_least_recently_used_segment():
+    rng = random.Random(10)
+    index = PrefixIndex(capacity_blocks=100)
+    roomy, idle, busy = BlockTable(), BlockTable(), BlockTable()
+    index.record(roomy, chain(rng, 40))
+    index.record(idle, chain(rng, 100))  # full, its oldest used long ago
+    for _ in range(5):
+        index.record(busy, chain(rng, 30))  # full, and always evicting: its oldest is recent
+    order = [index.eviction_order(t, 20) for t in (roomy, idle, busy)]
+    assert order[0] < order[1] < order[2]
+    assert index.eviction_order(roomy, 70) > index.eviction_order(BlockTable(), 70)

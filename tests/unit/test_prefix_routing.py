@@ -10,6 +10,7 @@ import pytest
 
 from rayfleet.config.routing import RoutingConfig
 from rayfleet.gateway.prefix_index import (
+    BlockTable,
     PrefixIndex,
     block_hashes,
     held_prefix,
@@ -130,6 +131,13 @@ def test_a_cached_replica_wins_until_its_extra_load_outweighs_the_saved_prefill(
     assert policy.pick(request, fleet) is fleet[0]
 
 
+def holding(hashes: list[int]) -> BlockTable:
+    """A table holding ``hashes``, far under its capacity."""
+    table = BlockTable()
+    table.update(dict.fromkeys(hashes))  # type: ignore[arg-type]
+    return table
+
+
 def test_replicas_whose_queue_outweighs_the_best_are_skipped_without_changing_the_pick():
     """The pick skips looking up a replica whose queue alone costs more than the best so
     far; its choice, ties and random draws included, is that of comparing the cost of
@@ -144,7 +152,7 @@ def test_replicas_whose_queue_outweighs_the_best_are_skipped_without_changing_th
         )
         fleet = replicas(rng.randrange(1, 12))
         hashes = [rng.getrandbits(60) for _ in range(rng.randrange(0, 20))]
-        tables = [dict.fromkeys(hashes[: rng.randrange(0, len(hashes) + 1)]) for _ in fleet]
+        tables = [holding(hashes[: rng.randrange(0, len(hashes) + 1)]) for _ in fleet]
         for r in fleet:
             r.num_inflight = rng.randrange(4)
         # Some replica is always under the bound (load_bound's promise).
