@@ -5,13 +5,14 @@
   generated-shared-prefix; its published setting is 64 x 16 with 2048/128/256). All G x P
   prompts, shuffled; ``--num-prompts`` takes that many, cycling.
 - ``chat``: G sessions of T turns, each session opening with one of a few shared system
-  prompts; every turn re-sends the whole history (system, then user and assistant turns)
-  plus a new user message of Q tokens. Scheduled turn by turn (turn 1 of every session,
-  then turn 2, ...), and sent as a closed loop: a turn waits for its predecessor's answer
-  and carries the answers its session got, as a chat application's client does
-  (``bench.drive``). The dataset holds O tokens of fixed text for each answer, which a
-  sender that keeps no answers (another tool's, or a failed turn) sends instead. Sent as
-  chat messages; ``--num-prompts`` past G x T starts new sessions.
+  prompts (each as many sessions as the next, in a random order); every turn re-sends the
+  whole history (system, then user and assistant turns) plus a new user message of Q
+  tokens. Scheduled turn by turn (turn 1 of every session, then turn 2, ...), and sent as
+  a closed loop: a turn waits for its predecessor's answer and carries the answers its
+  session got, as a chat application's client does (``bench.drive``). The dataset holds O
+  tokens of fixed text for each answer, which a sender that keeps no answers (another
+  tool's, or a failed turn) sends instead. Sent as chat messages; ``--num-prompts`` past
+  G x T starts new sessions.
 - ``zipf``: every prompt picks a group with probability proportional to
   ``1 / rank ** exponent``; ``--zipf-dominant-share`` sends that share to group 0 first
   (1.0: one single dominant group). Each prompt is its group's system prompt plus a
@@ -113,9 +114,11 @@ def chat_prompts(spec: DatasetSpec, text: TextMaker) -> list[Prompt]:
     shape = spec.workload
     systems = [text.text(shape.system_prompt_len) for _ in range(shape.num_system_prompts)]
     reply = text.text(shape.output_len)
-    histories: list[list[tuple[str, str]]] = [
-        [("system", systems[i % len(systems)])] for i in range(shape.num_groups)
-    ]
+    # Each system prompt opens as many sessions as the next, in a random order: sessions
+    # that took them in turn would meet a round-robin router in step (two replicas, an even
+    # number of system prompts: each replica would see half of them, by the order alone).
+    order = text.rng.permutation(shape.num_groups) % len(systems)
+    histories: list[list[tuple[str, str]]] = [[("system", systems[i])] for i in order.tolist()]
     prompts = []
     for turn in range(shape.num_turns):
         for session, history in enumerate(histories):
