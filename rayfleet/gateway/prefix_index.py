@@ -107,8 +107,8 @@ class BlockHasher:
 
 class Segment:
     """Up to ``_SEGMENT_BLOCKS`` consecutive blocks of one prompt, from block ``start``, learnt
-    together; they are used, and forgotten, together. ``used``: the index's count of
-    recordings when it was last learnt or used."""
+    together; they are used together, and forgotten from the last. ``used``: the index's
+    count of recordings when it was last learnt or used."""
 
     __slots__ = ("hashes", "start", "used")
 
