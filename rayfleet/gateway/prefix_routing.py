@@ -67,22 +67,12 @@ a replica reported for a request it placed (vLLM's ``usage.prompt_tokens_details
 by the gateway once the response ended), so that the realised hit rate stands next to the
 predicted one (``hit_rates``; per replica in ``/metrics`` through ``on_usage``).
 
-It also gets the answer, and charges it: vLLM caches every whole block of a sequence,
-the answer's too, and they stay cached after the request and push older prefixes out. So
-at a response's end the replica's table records the prompt again (its most recent) and
-after it the answer's whole blocks. For a single answer (``wants_answer``: no ``n`` over
-1) the gateway hands over the answer's text (response_end.py's ``answer_text``), and the
-blocks are the prompt's followed by the answer's as the next request will repeat it: a
-chat's next turn (the answer as the assistant's message) is predicted to hit through the
-answer, as vLLM hits. The answer takes at least the room its ``completion_tokens`` fill
-(vLLM holds tokens; an answer's characters per token need not be the prompt's): what the
-text does not cover, or all of it without the text, is placeholders (random 63-bit
-numbers no prompt matches). Without the charge the index outlived the cache whenever
-answers were long (README: at SGLang's 1,536/128/256 shape on two vLLM servers, predicted
-0.83 and 0.76 against 0.74 and 0.69 realised; 0.67 and 0.69 against 0.70 and 0.71 with
-it). The prompt's hashes, length and last partial block come from the pick, kept in the
-request's ``memo`` (``observe_usage`` gets the ``RequestInfo`` the pick got), so the end
-of a response neither renders nor hashes the prompt again.
+It also gets the answer, and charges it (prompt_blocks.py): the replica's table records
+the prompt again (its most recent) and after it the answer's whole blocks, the answer's
+the most likely to go, as vLLM frees a sequence's tail first. The prompt's hashes, length
+and last partial block come from the pick, kept in the request's ``memo``
+(``observe_usage`` gets the ``RequestInfo`` the pick got), so the end of a response
+neither renders nor hashes the prompt again.
 """
 
 from __future__ import annotations
@@ -92,18 +82,16 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from rayfleet.config.routing import RoutingConfig
 from rayfleet.gateway.prefix_index import (
     BlockHasher,
     BlockTable,
     PrefixIndex,
-    block_hashes,
     held_length,
     held_prefix,
 )
-from rayfleet.gateway.prompt_key import assistant_turn, prompt_parts
+from rayfleet.gateway.prompt_blocks import PromptBlocks, answer_blocks, prompt_blocks
 from rayfleet.gateway.replica_policy import RequestInfo, load_bound
 from rayfleet.gateway.replicas import Replica
 
@@ -117,16 +105,6 @@ UsageCounter = Callable[[Replica, int, int], None]
 _CHARS_PER_TOKEN = 4  # of English text: the index's size until usage has been reported
 _COST_EWMA_WEIGHT = 1 / 64  # the learned request cost follows about the last 64 requests
 _MIN_REQUEST_COST = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class _Prompt:
-    """A request's routing key as the index uses it: its whole blocks' hashes, and its
-    length in characters (the last block's part, and characters per token)."""
-
-    hashes: list[int]
-    num_chars: int
-    tail: str  # the characters after the last whole block
 
 
 class PrefixRouting:
@@ -304,15 +282,11 @@ class PrefixRouting:
         if self._on_usage is not None:
             self._on_usage(replica, prompt_tokens, cached_tokens)
 
-    def _prompt(self, request: RequestInfo) -> _Prompt:
+    def _prompt(self, request: RequestInfo) -> PromptBlocks:
         """The routing key of ``request``, worked out once for its pick and its usage."""
         prompt = request.memo.get(self)
-        if not isinstance(prompt, _Prompt):
-            lead, rest = prompt_parts(request.path, request.body)
-            hashes = self.hasher.hashes(lead, rest)
-            cut = len(hashes) * self.block_chars
-            tail = rest[cut - len(lead) :] if cut >= len(lead) else lead[cut:] + rest
-            prompt = _Prompt(hashes, len(lead) + len(rest), tail)
+        if not isinstance(prompt, PromptBlocks):
+            prompt = prompt_blocks(self.hasher, request.path, request.body)
             request.memo[self] = prompt
         return prompt
 
@@ -327,30 +301,22 @@ class PrefixRouting:
         )
 
     def _charge_answer(
-        self, replica: Replica, prompt: _Prompt, num_tokens: int, path: str, answer: str | None
+        self, replica: Replica, prompt: PromptBlocks, num_tokens: int, path: str, answer: str | None
     ) -> None:
-        """The replica now holds the prompt and its answer's whole blocks, the answer's the
-        most likely to go (as vLLM frees a sequence's tail first). With the answer's text,
-        the blocks are those of the prompt followed by the answer as the next request will
-        repeat it (a chat's next turn: the assistant's message); the room they take is at
-        least what ``num_tokens`` fill (vLLM holds tokens, and a tokenizer's characters per
-        token differ between prompts and answers), the rest placeholders no prompt matches."""
-        chars = prompt.num_chars % self.block_chars + num_tokens * self.chars_per_token
-        num_blocks = int(chars) // self.block_chars
-        hashes = prompt.hashes
-        known: list[int] = []
-        if answer:
-            if path.endswith("/chat/completions"):
-                answer = assistant_turn(answer)
-            parent = hashes[-1] if hashes else None
-            known = block_hashes(prompt.tail + answer, self.block_chars, parent)
-        if not known and num_blocks == 0:
+        """The replica now holds the prompt and its answer's whole blocks (prompt_blocks.py)."""
+        sequence = answer_blocks(
+            prompt,
+            num_tokens,
+            answer,
+            path=path,
+            block_chars=self.block_chars,
+            chars_per_token=self.chars_per_token,
+            getrandbits=self._rng.getrandbits,
+        )
+        if not sequence:
             return
-        getrandbits = self._rng.getrandbits
-        placeholders = (getrandbits(63) for _ in range(num_blocks - len(known)))
-        sequence = [*hashes, *known, *placeholders]
         table = self.index.table_of(replica)
-        self.index.record(table, sequence, held_prefix(table, hashes))
+        self.index.record(table, sequence, held_prefix(table, prompt.hashes))
         if self.on_learn is not None:
             self.on_learn(replica, sequence)
 

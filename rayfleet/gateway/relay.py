@@ -6,11 +6,11 @@ and passes through the server's writer: about 40 us of gateway CPU per token on 
 benchmark machine, and on a machine whose cores the engine needs, that is throughput.
 Here the upstream connection is an asyncio protocol whose HTTP parser (httptools) calls
 back with each piece of body, and the pieces go straight to the client's transport in
-HTTP/1.1 chunk framing: no task wake-up. The pieces of one read from the replica (under
-load, several tokens wait in the socket) go out as one chunk in one write: a system call
-per read, not per token (0.86x the gateway's CPU per request in alternating rounds near
-saturation, 8 simulated replicas on a 2-core machine). The read that ends the body goes
-out with the body's end (the last chunk and the terminator, through aiohttp's
+HTTP/1.1 chunk framing (relay_wire.py): no task wake-up. The pieces of one read from the
+replica (under load, several tokens wait in the socket) go out as one chunk in one write:
+a system call per read, not per token (0.86x the gateway's CPU per request in alternating
+rounds near saturation, 8 simulated replicas on a 2-core machine). The read that ends the
+body goes out with the body's end (the last chunk and the terminator, through aiohttp's
 ``write_eof``) in one write, and so does a whole response that came in one read.
 
 ``RelayConnection`` is one keep-alive connection to a replica and, while it carries a
@@ -42,6 +42,7 @@ from typing import Any, cast
 import httptools
 from aiohttp import HttpVersion11, web
 
+from rayfleet.gateway.relay_wire import chunk_writer, content_type, head_with_body, taken
 from rayfleet.gateway.upstream import Outcome, UpstreamConnectError
 
 HIGH_WATER = 256 * 1024
@@ -118,12 +119,7 @@ class RelayConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
         if name == b"content-type":
-            kind, _, params = value.decode("latin-1").partition(";")
-            self.content_type = kind.strip()
-            for param in params.split(";"):
-                key, _, val = param.strip().partition("=")
-                if key.lower() == "charset" and val:
-                    self.charset = val.strip('"')
+            self.content_type, self.charset = content_type(value)
         elif name == b"transfer-encoding" and b"chunked" in value.lower():
             self.chunked = True
 
@@ -184,14 +180,14 @@ class RelayConnection(asyncio.Protocol):
             if outcome is Outcome.DONE:
                 body = b"".join(self._pieces)
                 response.content_length = len(body)
-                _head_with_body(response)
+                head_with_body(response)
                 await response.prepare(request)
                 await response.write_eof(body)
             return outcome
         if request.version >= HttpVersion11:
             response.enable_chunked_encoding()  # the relay frames the chunks itself
         if self._pieces:  # the first token is here: no need to send the head before it
-            _head_with_body(response)
+            head_with_body(response)
         await response.prepare(request)
         return await self.stream_to(response, request)
 
@@ -208,7 +204,7 @@ class RelayConnection(asyncio.Protocol):
         if self._pieces:
             # The first write goes through aiohttp so that the headers go out with it, and
             # the end of the body too when the whole response is here.
-            first = _taken(self._pieces)
+            first = taken(self._pieces)
             if self._done.done() and self._done.result() is Outcome.DONE:
                 await response.write_eof(first)
                 return Outcome.DONE
@@ -216,7 +212,7 @@ class RelayConnection(asyncio.Protocol):
         client = request.transport
         if client is None or client.is_closing():
             return self._client_gone()
-        write = _chunk_writer(client) if response.chunked else client.write
+        write = chunk_writer(client) if response.chunked else client.write
         for piece in self._pieces:  # what came while the first write waited
             write(piece)
         self._pieces.clear()
@@ -226,7 +222,7 @@ class RelayConnection(asyncio.Protocol):
         out = self._out
 
         def flush() -> None:
-            pieces = _taken(out)
+            pieces = taken(out)
             if client.is_closing():
                 self._undelivered()
                 return
@@ -244,7 +240,7 @@ class RelayConnection(asyncio.Protocol):
     async def _end_with(
         self, out: list[bytes], response: web.StreamResponse, client: asyncio.Transport
     ) -> Outcome:
-        last = _taken(out)
+        last = taken(out)
         if client.is_closing():
             return self._undelivered()
         await response.write_eof(last)
@@ -353,28 +349,6 @@ class RelayConnection(asyncio.Protocol):
             self._done.set_result(outcome)
         if self._first is not None and not self._first.done():
             self._first.set_result(None)
-
-
-def _taken(pieces: list[bytes]) -> bytes:
-    """The pieces as one bytes object, the list emptied."""
-    joined = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-    pieces.clear()
-    return joined
-
-
-def _chunk_writer(client: asyncio.Transport) -> Callable[[bytes], None]:
-    raw = client.write
-
-    def write(piece: bytes) -> None:
-        raw(b"%x\r\n%b\r\n" % (len(piece), piece))
-
-    return write
-
-
-def _head_with_body(response: web.StreamResponse) -> None:
-    """Let ``response``'s head wait for its first body bytes and go out in one write with
-    them (aiohttp's ``Response`` does this; a ``StreamResponse`` sends its head at once)."""
-    response._send_headers_immediately = False
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:
