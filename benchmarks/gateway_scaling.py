@@ -23,6 +23,14 @@ driven by its own share of the client processes at once. If their CPU per reques
 grows with N, the cause is the machine (caches, memory, the hypervisor), not what
 gateway.workers' processes share. Each row also splits the gateway CPU into user and
 system time.
+
+``--kinds rayfleet,bare`` runs, in the same rounds, N copies of bare_relay.py beside the
+gateway (always independent: the bare relay has no workers): what a Python process that
+only passes the bytes between the sockets costs per request, and how that grows with N.
+``--rate-per-gateway R`` drives each gateway (or each of the N processes) with Poisson
+arrivals at R req/s instead of a closed loop, so that every N is measured at the same load
+a process: there the CPU per request, against N = 1 of the same kind and round, is the
+reading, not the throughput.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bare_relay import BareRelayProcess
 from gateway_capacity import (
     MODEL,
     add_fleet_arguments,
@@ -49,6 +58,7 @@ from gateway_capacity import (
 from sim_gateway import GatewayProcess
 
 from rayfleet.bench.client import Target
+from rayfleet.bench.drive import RunOutput
 
 
 def one_round(
@@ -67,25 +77,39 @@ def one_round(
     ) as gateway:
         target = Target(gateway.url, "/v1/completions", MODEL)
         run(target, 200, 1, args.client_processes, args.seed)  # connections made, code warm
-        num_per_s = args.max_rps_per_worker * workers
         before = gateway.cpu_times()
-        output = run(target, num_per_s, args.duration_s, args.client_processes, 0, in_flight)
+        output = drive(target, workers, args.client_processes, args)
         used = [b - a for a, b in zip(before, gateway.cpu_times(), strict=True)]
     result = summary(output)
-    return {"workers": workers, "in_flight": in_flight, **result} | cpu_columns(
+    if args.rate_per_gateway:
+        in_flight = None
+    return {"kind": "rayfleet", "workers": workers, "in_flight": in_flight, **result} | cpu_columns(
         used, len(output.results), output.duration_s
     )
 
 
+def drive(target: Target, count: int, processes: int, args: argparse.Namespace) -> RunOutput:
+    """The load for ``count`` gateway processes behind ``target``: Poisson arrivals at
+    ``--rate-per-gateway`` each, else a closed loop of ``--in-flight-per-worker`` each."""
+    if args.rate_per_gateway:
+        return run(target, args.rate_per_gateway * count, args.duration_s, processes, 0)
+    in_flight = args.in_flight_per_worker * count
+    num_per_s = args.max_rps_per_worker * count
+    return run(target, num_per_s, args.duration_s, processes, 0, in_flight)
+
+
 def independent_round(
-    urls: list[str], count: int, cpus: list[int] | None, args: argparse.Namespace
+    urls: list[str], count: int, cpus: list[int] | None, args: argparse.Namespace, kind: str
 ) -> dict:
-    """``count`` single-process gateways sharing nothing, each driven by its own share
-    of the client processes at the same time: the control for one_round."""
+    """``count`` single-process gateways (``kind`` rayfleet) or bare relays (bare) sharing
+    nothing, each driven by its own share of the client processes at the same time: the
+    control for one_round."""
     with contextlib.ExitStack() as stack:
-        gateways = [
+        gateways: list[GatewayProcess | BareRelayProcess] = [
             stack.enter_context(
                 GatewayProcess(urls, MODEL, "least_load", cpu=cpus[n] if cpus else None)
+                if kind == "rayfleet"
+                else BareRelayProcess(urls, cpu=cpus[n] if cpus else None)
             )
             for n in range(count)
         ]
@@ -96,10 +120,7 @@ def independent_round(
         context = mp.get_context("spawn")
         queue: Any = context.Queue()
         clients = [
-            context.Process(
-                target=client_share,
-                args=(gateway.url, processes, args.in_flight_per_worker, args, queue),
-            )
+            context.Process(target=client_share, args=(gateway.url, processes, args, queue))
             for gateway in gateways
         ]
         for client in clients:
@@ -112,9 +133,10 @@ def independent_round(
     num = sum(share["num_results"] for share in shares)
     duration_s = max(share["duration_s"] for share in shares)
     return {
+        "kind": kind,
         "workers": count,
         "independent": True,
-        "in_flight": args.in_flight_per_worker * count,
+        "in_flight": None if args.rate_per_gateway else args.in_flight_per_worker * count,
         "achieved_rps": sum(share["achieved_rps"] for share in shares),
         "num_failed": sum(share["num_failed"] for share in shares),
         "num_refused": sum(share["num_refused"] for share in shares),
@@ -124,13 +146,10 @@ def independent_round(
     } | cpu_columns(used, num, duration_s)
 
 
-def client_share(
-    url: str, processes: int, in_flight: int, args: argparse.Namespace, queue: Any
-) -> None:
-    """One gateway's closed loop, in a process of its own (run_load's workers need their
+def client_share(url: str, processes: int, args: argparse.Namespace, queue: Any) -> None:
+    """One gateway's load, in a process of its own (run_load's workers need their
     parent's main thread): its summary, request count and duration on ``queue``."""
-    target = Target(url, "/v1/completions", MODEL)
-    output = run(target, args.max_rps_per_worker, args.duration_s, processes, 0, in_flight)
+    output = drive(Target(url, "/v1/completions", MODEL), 1, processes, args)
     queue.put(
         summary(output) | {"num_results": len(output.results), "duration_s": output.duration_s}
     )
@@ -153,32 +172,46 @@ def measure(args: argparse.Namespace) -> list[dict]:
     with pinned_fleet(args.replicas, args.sim_processes, max(counts)) as (urls, gateway_cpus):
         for round_no in range(args.rounds):
             for workers in counts if round_no % 2 == 0 else counts[::-1]:
-                measure_one = independent_round if args.independent else one_round
-                row = {"round": round_no, **measure_one(urls, workers, gateway_cpus, args)}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                for kind in args.kinds if round_no % 2 == 0 else args.kinds[::-1]:
+                    if kind == "rayfleet" and not args.independent:
+                        result = one_round(urls, workers, gateway_cpus, args)
+                    else:
+                        result = independent_round(urls, workers, gateway_cpus, args, kind)
+                    row = {"round": round_no, **result}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
+    """Per kind and N: throughput and CPU per request, each against N = 1 of the same kind
+    in the same round."""
     print(
-        f"\n{'workers':>7s} {'req/s per round':>32s} {'vs 1 worker':>24s} {'mean':>6s} "
-        f"{'scaling':>7s} {'CPU/req':>8s} {'system':>6s}"
+        f"\n{'kind':>8s} {'N':>2s} {'req/s per round':>32s} {'vs N = 1':>18s} {'mean':>5s} "
+        f"{'scaling':>7s} {'CPU/req':>8s} {'vs N = 1':>8s} {'system':>6s}"
     )
     rounds = sorted({row["round"] for row in rows})
-    one = {row["round"]: row["achieved_rps"] for row in rows if row["workers"] == 1}
-    for workers in sorted({row["workers"] for row in rows}):
-        mine = {row["round"]: row for row in rows if row["workers"] == workers}
-        rps = [mine[r]["achieved_rps"] for r in rounds if r in mine]
-        ratios = [mine[r]["achieved_rps"] / one[r] for r in rounds if r in mine and one.get(r)]
-        mean = statistics.mean(ratios) if ratios else float("nan")
-        cpu = statistics.mean(mine[r]["gateway_cpu_us_per_request"] for r in mine)
-        system = statistics.mean(mine[r]["gateway_system_share"] for r in mine)
-        print(
-            f"{workers:7d} {', '.join(f'{x:,.0f}' for x in rps):>32s} "
-            f"{', '.join(f'{x:.2f}' for x in ratios):>24s} {mean:6.2f} {mean / workers:6.2f}N "
-            f"{cpu:6.0f}us {system:6.0%}"
-        )
+    for kind in dict.fromkeys(row.get("kind", "rayfleet") for row in rows):
+        of_kind = [row for row in rows if row.get("kind", "rayfleet") == kind]
+        one = {row["round"]: row for row in of_kind if row["workers"] == 1}
+        for workers in sorted({row["workers"] for row in of_kind}):
+            mine = {row["round"]: row for row in of_kind if row["workers"] == workers}
+            paired = [r for r in rounds if r in mine and r in one]
+            rps = [mine[r]["achieved_rps"] for r in rounds if r in mine]
+            ratios = [mine[r]["achieved_rps"] / one[r]["achieved_rps"] for r in paired]
+            cpu_ratios = [
+                mine[r]["gateway_cpu_us_per_request"] / one[r]["gateway_cpu_us_per_request"]
+                for r in paired
+            ]
+            mean = statistics.mean(ratios) if ratios else float("nan")
+            cpu = statistics.mean(mine[r]["gateway_cpu_us_per_request"] for r in mine)
+            cpu_ratio = statistics.mean(cpu_ratios) if cpu_ratios else float("nan")
+            system = statistics.mean(mine[r]["gateway_system_share"] for r in mine)
+            print(
+                f"{kind:>8s} {workers:2d} {', '.join(f'{x:,.0f}' for x in rps):>32s} "
+                f"{', '.join(f'{x:.2f}' for x in ratios):>18s} {mean:5.2f} "
+                f"{mean / workers:6.2f}N {cpu:6.0f}us {cpu_ratio:7.2f}x {system:6.0%}"
+            )
 
 
 def main() -> None:
@@ -200,8 +233,24 @@ def main() -> None:
         help="N single-process gateways sharing nothing, each with its own port, core and "
         "client share, instead of gateway.workers' N processes on one port (the control)",
     )
+    parser.add_argument(
+        "--kinds",
+        type=lambda t: t.split(","),
+        default=["rayfleet"],
+        help="comma-separated: rayfleet (the gateway), bare (bare_relay.py, N independent "
+        "copies: the floor any Python relay pays here)",
+    )
+    parser.add_argument(
+        "--rate-per-gateway",
+        type=float,
+        default=0.0,
+        help="Poisson arrivals at this many req/s for each of the N processes, instead of "
+        "the closed loop: every N at the same load a process",
+    )
     parser.add_argument("--out", type=Path, default=Path("results/gateway_scaling.json"))
     args = parser.parse_args()
+    if set(args.kinds) - {"rayfleet", "bare"}:
+        parser.error("--kinds takes rayfleet and bare")
     if 1 not in args.workers:
         parser.error("--workers must include 1: every ratio is to one worker's round")
     rows = measure(args)
