@@ -64,7 +64,7 @@ from rayfleet.bench.drive import RunOutput
 def one_round(
     urls: list[str], workers: int, cpus: list[int] | None, args: argparse.Namespace
 ) -> dict:
-    """A fresh gateway of ``workers`` processes, warmed, then driven by a closed loop."""
+    """A fresh gateway of ``workers`` processes, warmed, then driven (``drive``)."""
     in_flight = args.in_flight_per_worker * workers
     with GatewayProcess(
         urls,
