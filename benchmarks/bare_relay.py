@@ -9,9 +9,9 @@ else: no JSON, no routing policy beyond round robin, no limits, metrics, logs or
 Each client connection's request is found whole by httptools and written, as it came, to a
 kept connection to the next replica in turn; every read of the replica's answer goes to
 the client as it came, in one write; the answer's end (httptools again) frees the replica
-connection for the next request. It assumes what the benchmark client does (one request at
-a time on a connection, answers the replicas keep alive) and answers anything else by
-closing the connection.
+connection for the next request. It assumes what the benchmark client does: one request
+at a time on a connection (a pipelined request is not handled), and replicas that keep
+their connections alive. A request httptools cannot parse closes the connection.
 
 gateway_scaling.py runs it beside the gateway (``--kinds rayfleet,bare``): its CPU per
 request is the floor the gateway's is measured against, and how that floor grows with N
