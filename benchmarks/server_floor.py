@@ -20,7 +20,12 @@ difference between them is the front end's own cost:
 - ``bare+task``: an ``asyncio.Protocol`` whose httptools parser collects the request,
   and a task per request that writes the answer (a gateway must await its replica, so
   it needs a coroutine per request);
-- ``bare``: the same protocol answering from the parser's callback, no task: the floor.
+- ``bare``: the same protocol answering from the parser's callback, no task: the floor;
+- ``bare+aiohttp``: the protocol and its task, the task building aiohttp's request object
+  around the parsed message and answering through aiohttp's ``StreamResponse``, as the
+  aiohttp handler does: what a front end of the gateway's own would cost if it kept
+  aiohttp's request and response objects (and so every handler unchanged), skipping only
+  aiohttp's connection loop, router and middleware.
 
 Each round starts each server in a fresh process pinned to core 0 (when the machine has
 more than 2 cores), warms it, and drives it with the same closed loop of ``--in-flight``
@@ -48,7 +53,7 @@ from rayfleet.bench.client import Target
 from rayfleet.sim.engine import SimRequest
 from rayfleet.sim.server import DONE, Chunks, sse_event
 
-KINDS = ("aiohttp", "bare+task", "bare")
+KINDS = ("aiohttp", "bare+task", "bare", "bare+aiohttp")
 _TOKENS = 16
 
 
@@ -126,6 +131,89 @@ def serve_bare(sock_port: int, with_task: bool) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         await loop.create_server(Connection, "127.0.0.1", sock_port, backlog=4096)
+        print("ready", flush=True)
+        await asyncio.Event().wait()
+
+    _run(main())
+
+
+def serve_bare_aiohttp(sock_port: int) -> None:
+    """httptools' parser and a task per request, aiohttp's request and response objects."""
+    import httptools
+    from aiohttp import web
+    from aiohttp.base_protocol import BaseProtocol
+    from aiohttp.http import HttpVersion11
+    from aiohttp.http_parser import RawRequestMessage
+    from aiohttp.http_writer import StreamWriter
+    from aiohttp.streams import StreamReader
+    from multidict import CIMultiDict, CIMultiDictProxy
+    from yarl import URL
+
+    body = sse_stream()
+
+    class Connection(BaseProtocol):
+        ssl_context = None
+        max_field_size = 8190
+        max_headers = 128
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)
+            self.peername = transport.get_extra_info("peername")
+            self.sockname = transport.get_extra_info("sockname")
+            self.parser = httptools.HttpRequestParser(self)
+            self.headers: CIMultiDict[str] = CIMultiDict()
+            self.body: list[bytes] = []
+
+        def data_received(self, data: bytes) -> None:
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                assert self.transport is not None
+                self.transport.close()
+
+        def on_url(self, url: bytes) -> None:
+            self.url = url.decode("ascii")
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self.headers.add(name.decode("latin-1"), value.decode("latin-1"))
+
+        def on_body(self, piece: bytes) -> None:
+            self.body.append(piece)
+
+        def on_message_complete(self) -> None:
+            headers, self.headers = CIMultiDictProxy(self.headers), CIMultiDict()
+            data, self.body = b"".join(self.body), []
+            message = RawRequestMessage(
+                "POST",
+                self.url,
+                HttpVersion11,
+                headers,
+                (),
+                False,
+                None,
+                False,
+                False,
+                URL.build(path=self.url, encoded=True),
+            )
+            asyncio.get_running_loop().create_task(self.answer(message, data))
+
+        async def answer(self, message: RawRequestMessage, data: bytes) -> None:
+            loop = asyncio.get_running_loop()
+            payload = StreamReader(self, 2**16, loop=loop)
+            payload.feed_data(data)
+            payload.feed_eof()
+            task = asyncio.current_task()
+            assert task is not None
+            request = web.BaseRequest(message, payload, self, StreamWriter(self, loop), task, loop)  # type: ignore[arg-type]
+            await request.read()
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            await response.write_eof(body)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        await loop.create_server(lambda: Connection(loop), "127.0.0.1", sock_port, backlog=4096)
         print("ready", flush=True)
         await asyncio.Event().wait()
 
@@ -210,6 +298,8 @@ def main() -> None:
         kind, port = sys.argv[2], int(sys.argv[3])
         if kind == "aiohttp":
             serve_aiohttp(port)
+        elif kind == "bare+aiohttp":
+            serve_bare_aiohttp(port)
         else:
             serve_bare(port, with_task=kind == "bare+task")
         return
