@@ -27,10 +27,13 @@ system time.
 ``--kinds rayfleet,bare`` runs, in the same rounds, N copies of bare_relay.py beside the
 gateway (always independent: the bare relay has no workers): what a Python process that
 only passes the bytes between the sockets costs per request, and how that grows with N.
-``--rate-per-gateway R`` drives each gateway (or each of the N processes) with Poisson
-arrivals at R req/s instead of a closed loop, so that every N is measured at the same load
-a process: there the CPU per request, against N = 1 of the same kind and round, is the
-reading, not the throughput.
+``--client raw`` drives the closed loop with raw_client.py, a client on httptools that
+needs a fraction of the bench runner's CPU a request, so that ``--sim-processes`` can take
+the cores the client gives up (``--sim-processes 10 --client-processes 2`` beside 4
+gateways on 16 cores). ``--rate-per-gateway R`` drives each gateway (or each of the N
+processes) with Poisson arrivals at R req/s instead of a closed loop, so that every N is
+measured at the same load a process: there the CPU per request, against N = 1 of the same
+kind and round, is the reading, not the throughput.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from gateway_capacity import (
     summary,
     write_rows,
 )
+from raw_client import run_raw
 from sim_gateway import GatewayProcess
 
 from rayfleet.bench.client import Target
@@ -95,6 +99,8 @@ def drive(target: Target, count: int, processes: int, args: argparse.Namespace) 
         return run(target, args.rate_per_gateway * count, args.duration_s, processes, 0)
     in_flight = args.in_flight_per_worker * count
     num_per_s = args.max_rps_per_worker * count
+    if args.client == "raw":
+        return run_raw(target, int(num_per_s * args.duration_s), in_flight, processes)
     return run(target, num_per_s, args.duration_s, processes, 0, in_flight)
 
 
@@ -247,8 +253,17 @@ def main() -> None:
         help="Poisson arrivals at this many req/s for each of the N processes, instead of "
         "the closed loop: every N at the same load a process",
     )
+    parser.add_argument(
+        "--client",
+        choices=["bench", "raw"],
+        default="bench",
+        help="the closed loop's client: rayfleet bench's runner, or raw_client.py (httptools, "
+        "a fraction of the CPU a request, so the simulator can have more of the cores)",
+    )
     parser.add_argument("--out", type=Path, default=Path("results/gateway_scaling.json"))
     args = parser.parse_args()
+    if args.client == "raw" and args.rate_per_gateway:
+        parser.error("--client raw runs a closed loop only: leave out --rate-per-gateway")
     if set(args.kinds) - {"rayfleet", "bare"}:
         parser.error("--kinds takes rayfleet and bare")
     if 1 not in args.workers:
