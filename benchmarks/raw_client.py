@@ -189,8 +189,8 @@ def run_raw(target: Target, num_requests: int, in_flight: int, processes: int) -
     for worker in workers:
         worker.join()
     results = [
-        RequestResult(ok=ok, status=status, start_s=start, ttft_s=ttft, e2e_s=e2e)
-        for ok, status, start, ttft, e2e in rows
+        RequestResult(ok=ok, status=status, start_s=began, ttft_s=ttft, e2e_s=e2e)
+        for ok, status, began, ttft, e2e in rows
     ]
     start_s = min((r.start_s for r in results), default=0.0)
     end_s = max((r.start_s + r.e2e_s for r in results), default=0.0)
