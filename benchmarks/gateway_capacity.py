@@ -103,6 +103,11 @@ def thread_siblings(core: int) -> set[int]:
     return threads
 
 
+def capacity_prompt(n: int) -> Prompt:
+    """Request ``n`` of a capacity run: a short prompt of its own, 16 tokens asked for."""
+    return Prompt(f"request {n} " + "word " * 12, 16, OUTPUT_TOKENS)
+
+
 def run(
     target: Target,
     rate: float,
@@ -116,7 +121,7 @@ def run(
     loop instead: as many requests, ``concurrency`` of them in flight at all times.
     ``connections`` caps the client's connections (all its processes together)."""
     num = max(int(rate * duration_s), 1)
-    prompts = [Prompt(f"request {i} " + "word " * 12, 16, OUTPUT_TOKENS) for i in range(num)]
+    prompts = [capacity_prompt(i) for i in range(num)]
     if concurrency is not None:
         shape = LoadShape(max_concurrency=concurrency, seed=seed)
     else:

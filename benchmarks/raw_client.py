@@ -30,29 +30,25 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from rayfleet.bench.client import RequestResult, Target
+import httptools
+import uvloop
+from gateway_capacity import capacity_prompt
+
+from rayfleet.bench.client import RequestResult, Target, request_body
 from rayfleet.bench.drive import RunOutput
 
-_CHOICES = (b'"choices":[{', b'"choices": [{')
+_CHOICES = (b'"choices":[{', b'"choices": [{')  # as the bench's client looks for them
 _DONE = b"data: [DONE]"
-OUTPUT_TOKENS = 16
 
 # (ok, status, start_s, ttft_s, e2e_s) of one request, as a process sends them back.
 Row = tuple[bool, int, float, float, float]
 
 
 def request_bytes(target: Target, n: int) -> bytes:
-    """Request ``n``'s head and body: a streamed completion of 16 tokens, usage included."""
+    """Request ``n``'s head and body: the bench runner's body for gateway_capacity.py's
+    prompt ``n`` (a streamed completion of 16 tokens, usage included)."""
     parts = urlsplit(target.url)
-    body = json.dumps(
-        {
-            "model": target.model,
-            "prompt": f"request {n} " + "word " * 12,
-            "max_tokens": OUTPUT_TOKENS,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-    ).encode()
+    body = json.dumps(request_body(target, capacity_prompt(n))).encode()
     head = (
         f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -64,8 +60,6 @@ class _Connection(asyncio.Protocol):
     """One keep-alive connection carrying one request at a time."""
 
     def __init__(self) -> None:
-        import httptools
-
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.done: asyncio.Future[Row] | None = None
@@ -85,8 +79,6 @@ class _Connection(asyncio.Protocol):
         return self.done
 
     def data_received(self, data: bytes) -> None:
-        import httptools
-
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -119,12 +111,9 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
-async def _loop(
-    url: str, model: str, first: int, count: int, connections: int, start: Any
-) -> list[Row]:
+async def _loop(target: Target, first: int, count: int, connections: int, start: Any) -> list[Row]:
     """This process's share: its connections opened, then (once every process has its
     own, ``start``: a barrier) the closed loop."""
-    target = Target(url, "/v1/completions", model)
     parts = urlsplit(target.url)
     loop = asyncio.get_running_loop()
     payloads = [request_bytes(target, first + n) for n in range(count)]
@@ -152,11 +141,9 @@ async def _loop(
 
 
 def _process(
-    url: str, model: str, first: int, count: int, connections: int, start: Any, queue: Any
+    target: Target, first: int, count: int, connections: int, start: Any, queue: Any
 ) -> None:
-    import uvloop
-
-    queue.put(uvloop.run(_loop(url, model, first, count, connections, start)))
+    queue.put(uvloop.run(_loop(target, first, count, connections, start)))
 
 
 def run_raw(target: Target, num_requests: int, in_flight: int, processes: int) -> RunOutput:
@@ -172,8 +159,7 @@ def run_raw(target: Target, num_requests: int, in_flight: int, processes: int) -
         context.Process(
             target=_process,
             args=(
-                target.base_url,
-                target.model,
+                target,
                 n * per_process,
                 per_process,
                 connections,
