@@ -192,6 +192,12 @@ class GatewayConfig(StrictModel):
         "for more than ~3,000 requests a second; they share in-flight counts, key quotas "
         "and the prefix index. Read by rayfleet up.",
     )
+    http_front: Literal["rayfleet", "aiohttp"] = Field(
+        default="rayfleet",
+        description="What serves the API routes (POST /v1/...): 'rayfleet', the gateway's "
+        "own HTTP/1.1 front on httptools, with aiohttp's server for anything else; "
+        "'aiohttp', aiohttp's server for everything (about 45 us more a request).",
+    )
     request_timeout_s: float = Field(
         default=600.0, gt=0, description="Longest a request may take end to end."
     )

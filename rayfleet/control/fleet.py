@@ -235,6 +235,7 @@ class FleetProcess:
             source,
             connect_timeout_s=config.gateway.connect_timeout_s,
             request_timeout_s=config.gateway.request_timeout_s,
+            http_front=config.gateway.http_front == "rayfleet",
             status_extra=self._status,
             policies=self.policies,
             hold_s=hold_s,

@@ -106,7 +106,7 @@ RECORD = web.RequestKey("rayfleet_access_record", RequestRecord)
 
 def install(app: web.Application) -> None:
     """Give every answer of ``app`` a request id, and log its API requests."""
-    app.middlewares.insert(0, _middleware)
+    app.middlewares.insert(0, middleware)
     app.on_response_prepare.append(_add_request_id)
 
 
@@ -180,7 +180,7 @@ def close_access_log(handler: logging.Handler) -> None:
 
 
 @web.middleware
-async def _middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     record = RequestRecord(request_id(request), time.perf_counter())
     request[RECORD] = record
     if request.path not in INPUT_FIELDS:

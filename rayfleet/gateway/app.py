@@ -45,6 +45,7 @@ from aiohttp import web
 from rayfleet.gateway import access_log
 from rayfleet.gateway.dispatch import Dispatcher
 from rayfleet.gateway.errors import RequestError
+from rayfleet.gateway.front import FrontHandler, FrontRequest
 from rayfleet.gateway.http_errors import (
     IDLE_TIMEOUT_S,
     json_http_errors,
@@ -93,6 +94,7 @@ class Gateway:
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         control: Handler | None = None,
         metrics_peers: MetricsPeers | None = None,
+        http_front: bool = True,
     ):
         self.policies = policies if policies is not None else Policies.plain(models)
         self.replica_set = ReplicaSet(
@@ -141,6 +143,7 @@ class Gateway:
         self.poll_interval_s = poll_interval_s
         self.body_timeout_s = body_timeout_s  # a body trickled slower is a 408
         self.idle_timeout_s = idle_timeout_s  # no whole request head by then: closed
+        self.http_front = http_front  # the API routes through front.py (server.py)
         self.max_body_bytes = self.policies.default_limits.max_body_bytes or (
             _DEFAULT_MAX_BODY_BYTES
         )
@@ -171,6 +174,21 @@ class Gateway:
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
+
+    def front_routes(self) -> dict[str, FrontHandler]:
+        """The routes front.py answers itself, with the app's middleware that matters to
+        them: the access log (json_http_errors only rewrites aiohttp's own exceptions,
+        which a front request never meets)."""
+
+        def route(path: str) -> FrontHandler:
+            proxy = self._proxy_for(path)
+
+            async def handler(request: FrontRequest) -> web.StreamResponse:
+                return await access_log.middleware(request.as_aiohttp(), proxy)
+
+            return handler
+
+        return {path: route(path) for path in INPUT_FIELDS}
 
     async def _stamp(self, _request: web.Request, response: web.StreamResponse) -> None:
         response.headers.update(self.response_headers)
@@ -267,8 +285,7 @@ class Gateway:
             return self.dispatcher.refuse(exc, "")
         try:
             try:
-                self._check_declared_size(request)
-                raw = await read_body(request, self.body_timeout_s)
+                raw = await self._body(request)
                 parsed = parse_request(path, raw)
                 admission = policies.admit(
                     path, parsed, len(raw), request.headers, self._usable, key
@@ -281,6 +298,12 @@ class Gateway:
                 admission.release()
         finally:
             self.in_flight.leave()
+
+    async def _body(self, request: web.Request) -> bytes:
+        if isinstance(request, FrontRequest):  # its size was checked by front.py
+            return await request.body_within(self.body_timeout_s)
+        self._check_declared_size(request)
+        return await read_body(request, self.body_timeout_s)
 
     def _check_declared_size(self, request: web.Request) -> None:
         cap = self.max_body_bytes

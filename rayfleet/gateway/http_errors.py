@@ -84,13 +84,18 @@ async def read_body(request: web.Request, timeout_s: float) -> bytes:
         async with asyncio.timeout(timeout_s):
             return await request.read()
     except TimeoutError:
-        raise RequestError(
-            408,
-            f"The request body did not arrive within {timeout_s:g} s.",
-            code="body_timeout",
-            reason="body_timeout",
-            close=True,
-        ) from None
+        raise body_timeout(timeout_s) from None
+
+
+def body_timeout(timeout_s: float) -> RequestError:
+    """The 408 of a body that did not arrive in time; the connection closes after it."""
+    return RequestError(
+        408,
+        f"The request body did not arrive within {timeout_s:g} s.",
+        code="body_timeout",
+        reason="body_timeout",
+        close=True,
+    )
 
 
 def protocol_error(status: int, exc: BaseException | None) -> tuple[int, str]:

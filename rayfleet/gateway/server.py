@@ -5,7 +5,9 @@
     ...
     await runner.cleanup()
 
-aiohttp's runner, with a client that goes away cancelling its handler
+The API routes go through the gateway's own front (front.py) unless
+``gateway.http_front`` is 'aiohttp'; everything else is served by aiohttp's runner,
+with a client that goes away cancelling its handler
 (``handler_cancellation``, which aborts the upstream request), idle and slow-header
 connections closed after ``gateway.idle_timeout_s``, and HTTP parser errors answered in
 OpenAI's error JSON (http_errors.py's ``GatewayRunner``).
@@ -18,6 +20,7 @@ import socket
 from aiohttp import web
 
 from rayfleet.gateway.app import Gateway
+from rayfleet.gateway.front import Front, FrontSite
 from rayfleet.gateway.http_errors import GatewayRunner
 
 # Connections the kernel completes for us before we accept them; it caps this at
@@ -25,6 +28,7 @@ from rayfleet.gateway.http_errors import GatewayRunner
 # queue full, their SYNs are dropped and the clients wait 1, 3, 7 s to retry: the
 # multi-second TTFT p99 of an overloaded gateway (README, "Overload").
 BACKLOG = 65535
+SHUTDOWN_S = 60.0  # how long a stopping gateway lets the requests in flight finish
 
 
 def listen(host: str, port: int, *, reuse_port: bool = False, accept: bool = True) -> socket.socket:
@@ -79,11 +83,24 @@ async def start_gateway(
         handler_cancellation=True,
         access_log=None,
         keepalive_timeout=gateway.idle_timeout_s,
+        shutdown_timeout=SHUTDOWN_S,
     )
     await runner.setup()
     try:
         if tcp:
-            await web.SockSite(runner, sock or listen(host, port), backlog=BACKLOG).start()
+            sock = sock or listen(host, port)
+            site: web.SockSite
+            if gateway.http_front:
+                front = Front(
+                    gateway.front_routes(),
+                    runner,
+                    idle_timeout_s=gateway.idle_timeout_s,
+                    max_body_bytes=gateway.max_body_bytes,
+                )
+                site = FrontSite(runner, sock, front, backlog=BACKLOG, shutdown_s=SHUTDOWN_S)
+            else:
+                site = web.SockSite(runner, sock, backlog=BACKLOG)
+            await site.start()
         if unix_path is not None:
             await web.UnixSite(runner, unix_path).start()
     except BaseException:

@@ -137,6 +137,7 @@ class Worker:
             self.membership,
             connect_timeout_s=config.gateway.connect_timeout_s,
             request_timeout_s=config.gateway.request_timeout_s,
+            http_front=config.gateway.http_front == "rayfleet",
             poll_interval_s=self.spec.poll_interval_s,
             policies=policies,
             hold_s=self.spec.hold_s,
