@@ -204,3 +204,24 @@ def test_http_front_off_serves_everything_with_aiohttp():
     answer, sites, on_aiohttp = asyncio.run(main())
     assert answer.status == 200 and on_aiohttp == 1
     assert not any(isinstance(site, FrontSite) for site in sites)
+
+
+def test_connections_without_a_whole_request_close_after_the_idle_timeout():
+    async def main():
+        async with serving(idle_timeout_s=0.3) as served:
+            front = front_of(served)
+            answered_reader, answered = await connect(served)
+            answered.write(post("/v1/completions", COMPLETION))
+            first = await read_answer(answered_reader)
+            partial_reader, partial = await connect(served)
+            partial.write(b"POST /v1/completions HTTP/1.1\r\nHost: g\r\n")  # never finished
+            ends = await asyncio.wait_for(
+                asyncio.gather(answered_reader.read(), partial_reader.read()), 10
+            )
+            await until(lambda: not front.connections)
+            answered.close()
+            partial.close()
+            return first, ends
+
+    first, ends = asyncio.run(main())
+    assert first.status == 200 and ends == [b"", b""]
