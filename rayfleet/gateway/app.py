@@ -26,8 +26,9 @@ Endpoints: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``,
 task of their own: replica_gauges.py) and ``/rayfleet/status``.
 Every response carries ``x-rayfleet-replica``: the replica that served it,
 ``fallback:<provider>``, or ``gateway`` when the gateway answered itself.
-Serve it with server.py's ``start_gateway``: a client that goes away cancels its handler
-(aiohttp's ``handler_cancellation``), which aborts the upstream request.
+Serve it with server.py's ``start_gateway``: the API routes through the gateway's own
+front (front.py, ``front_routes``), everything else through aiohttp's server; a client
+that goes away cancels its handler, which aborts the upstream request.
 """
 
 from __future__ import annotations

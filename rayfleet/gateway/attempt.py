@@ -20,7 +20,8 @@ when it asks, the answer's text from the body the exchange kept (policy_feedback
 relay itself pays one attribute write per piece for this; a request nothing wants it
 for, nothing more.
 
-When the client goes away, aiohttp cancels the handler (``handler_cancellation``): the
+When the client goes away, its handler is cancelled (front.py; aiohttp's
+``handler_cancellation`` for a connection aiohttp serves): the
 exchange is finished uncompleted, which closes the upstream connection whatever ``run``
 was waiting for (the head, the first piece, a whole body, a paused stream), and vLLM
 aborts the request. A client that leaves after a stream's ``data: [DONE]`` (the openai

@@ -24,8 +24,8 @@ transport holds more than ``HIGH_WATER`` bytes, reading from the replica pauses 
 it drains below ``LOW_WATER``.
 
 A client that goes away closes the upstream connection, and vLLM aborts the request.
-The gateway is served with aiohttp's ``handler_cancellation``: the handler is cancelled
-when the client's connection is lost, whatever it awaits (the head, the first piece, a
+The handler is cancelled when the client's connection is lost (by the gateway's front,
+front.py, or aiohttp's ``handler_cancellation``), whatever it awaits (the head, the first piece, a
 whole body, a paused stream), and cancellation closes the connection (``finish``).
 Besides, a piece that finds the client's transport closing ends the relay, and while
 reading is paused the client's transport is polled, so a departed client is noticed
