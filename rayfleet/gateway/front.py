@@ -28,7 +28,7 @@ request gives them a ``StreamWriter`` over the connection and runs the app's
 ``handler_cancellation`` does, and the upstream request is aborted. A request sent before
 the answer to the one before it (pipelining) waits for that answer. On shutdown
 (``FrontSite.stop``) idle connections close at once and busy ones after their answer,
-within ``shutdown_timeout_s``.
+within ``shutdown_s``.
 """
 
 from __future__ import annotations
@@ -348,7 +348,9 @@ class FrontProtocol(BaseProtocol):
             self._next()
 
     def _hand_off(self) -> None:
-        """Give the connection to aiohttp's protocol with the bytes it has not seen."""
+        """Give the connection to aiohttp's protocol with the bytes it has not seen.
+        Writing is never paused here: every answer ends with aiohttp's ``write_eof``,
+        which waits for the transport to drain."""
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None

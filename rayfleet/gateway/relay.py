@@ -25,8 +25,8 @@ it drains below ``LOW_WATER``.
 
 A client that goes away closes the upstream connection, and vLLM aborts the request.
 The handler is cancelled when the client's connection is lost (by the gateway's front,
-front.py, or aiohttp's ``handler_cancellation``), whatever it awaits (the head, the first piece, a
-whole body, a paused stream), and cancellation closes the connection (``finish``).
+front.py, or aiohttp's ``handler_cancellation``), whatever it awaits (the head, the first
+piece, a whole body, a paused stream), and cancellation closes the connection (``finish``).
 Besides, a piece that finds the client's transport closing ends the relay, and while
 reading is paused the client's transport is polled, so a departed client is noticed
 even where no cancellation comes.
