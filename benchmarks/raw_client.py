@@ -34,10 +34,9 @@ import httptools
 import uvloop
 from gateway_capacity import capacity_prompt
 
-from rayfleet.bench.client import RequestResult, Target, request_body
+from rayfleet.bench.client import CHOICE_MARKERS, RequestResult, Target, request_body
 from rayfleet.bench.drive import RunOutput
 
-_CHOICES = (b'"choices":[{', b'"choices": [{')  # as the bench's client looks for them
 _DONE = b"data: [DONE]"
 
 # (ok, status, start_s, ttft_s, e2e_s) of one request, as a process sends them back.
@@ -85,7 +84,7 @@ class _Connection(asyncio.Protocol):
             self._fail()
 
     def on_body(self, piece: bytes) -> None:
-        if not self.ttft and (_CHOICES[0] in piece or _CHOICES[1] in piece):
+        if not self.ttft and any(marker in piece for marker in CHOICE_MARKERS):
             self.ttft = time.perf_counter() - self.start
         # The end marker may straddle two pieces: look in the last bytes and this piece.
         if not self.saw_done:

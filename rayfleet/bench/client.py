@@ -26,7 +26,7 @@ import aiohttp
 from rayfleet.bench.datasets import Prompt
 
 REPLICA_HEADER = "x-rayfleet-replica"
-_CHOICE_MARKERS = (b'"choices":[{', b'"choices": [{')
+CHOICE_MARKERS = (b'"choices":[{', b'"choices": [{')
 _USAGE_MARKERS = (b'"usage":{', b'"usage": {')
 _ERROR_BODY_BYTES = 300
 
@@ -162,7 +162,7 @@ async def read_stream(
         for line in lines:
             if not line.startswith(b"data:"):
                 continue
-            has_choice = any(marker in line for marker in _CHOICE_MARKERS)
+            has_choice = any(marker in line for marker in CHOICE_MARKERS)
             if has_choice:
                 if num_chunks == 0:
                     result.ttft_s = now_s - result.start_s
