@@ -74,7 +74,6 @@ class FrontRequest(dict[Any, Any]):
         "_front",
         "_parts",
         "_payload_writer",
-        "content_length",
         "headers",
         "keep_alive",
         "path",
@@ -96,7 +95,6 @@ class FrontRequest(dict[Any, Any]):
         self.path = path
         self.keep_alive = keep_alive
         self.transport = protocol.transport
-        self.content_length = content_length
         self._payload_writer = StreamWriter(protocol, protocol.front.loop)
         self._front = protocol.front
         self._parts: list[bytes] = []
