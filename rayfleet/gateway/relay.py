@@ -10,8 +10,11 @@ HTTP/1.1 chunk framing (relay_wire.py): no task wake-up. The pieces of one read 
 replica (under load, several tokens wait in the socket) go out as one chunk in one write:
 a system call per read, not per token (0.86x the gateway's CPU per request in alternating
 rounds near saturation, 8 simulated replicas on a 2-core machine). The read that ends the
-body goes out with the body's end (the last chunk and the terminator, through aiohttp's
-``write_eof``) in one write, and so does a whole response that came in one read.
+body goes out with the body's end (the last chunk and the terminator, through the
+response's ``write_eof``) in one write, and so does a whole response that came in one
+read. The response is aiohttp's ``StreamResponse`` for a connection aiohttp serves, and a
+``FrontResponse`` (front_response.py), which writes to the transport itself, for one of
+the gateway's front.
 
 ``RelayConnection`` is one keep-alive connection to a replica and, while it carries a
 request, the ``Exchange`` of upstream.py: ``RelayPool`` (relay_pool.py) calls ``start``
@@ -37,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import cast
 
 import httptools
 from aiohttp import HttpVersion11, web
@@ -199,8 +202,7 @@ class RelayConnection(asyncio.Protocol):
         otherwise (for an HTTP/1.0 client, whose response ends when the connection closes)."""
         if not self._pieces and not self._done.done():
             self._first = self._loop.create_future()
-            either: set[asyncio.Future[Any]] = {self._first, self._done}
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            await self._first  # the first piece, or the end (``_settle`` resolves it too)
         if self._pieces:
             # The first write goes through aiohttp so that the headers go out with it, and
             # the end of the body too when the whole response is here.
