@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Sequence
 
 from rayfleet.gateway.replica_policy import RequestInfo
 from rayfleet.gateway.replicas import Replica
+
+_INFLIGHT = operator.attrgetter("num_inflight")
 
 
 class LeastLoad:
@@ -18,6 +21,6 @@ class LeastLoad:
     def pick(self, request: RequestInfo, replicas: Sequence[Replica]) -> Replica | None:
         if not replicas:
             return None
-        least = min(r.num_inflight for r in replicas)
+        least = min(map(_INFLIGHT, replicas))
         tied = [r for r in replicas if r.num_inflight == least]
         return tied[next(self._tiebreak) % len(tied)]

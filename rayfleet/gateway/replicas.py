@@ -169,11 +169,13 @@ class ReplicaSet:
         return self._not_draining(model, exclude, healthy=False)
 
     def _not_draining(self, model: str, exclude: Collection[str], healthy: bool) -> list[Replica]:
-        now = time.monotonic()
+        now = time.monotonic()  # Replica.healthy inlined: this runs for every request
         return [
             r
             for r in self._by_model.get(model, ())
-            if r.healthy(now) is healthy and not r.draining and r.replica_id not in exclude
+            if (now >= r.cooldown_until) is healthy
+            and not r.draining
+            and r.replica_id not in exclude
         ]
 
     def begin(self, replica: Replica) -> None:
