@@ -47,8 +47,6 @@ from rayfleet.gateway.errors import (
     RequestError,
     sse_error_event,
 )
-from rayfleet.gateway.front import FrontRequest
-from rayfleet.gateway.front_response import FrontResponse, relayable
 from rayfleet.gateway.metrics import GatewayMetrics
 from rayfleet.gateway.policy_feedback import PolicyFeedback
 from rayfleet.gateway.replica_policy import RequestInfo
@@ -145,7 +143,7 @@ class Attempts:
             if exchange.status >= 500:
                 log.warning("%s answered %s", target.label, exchange.status)
                 return self._unanswered(target, "upstream_status")
-            response = _response_like(journey.request, exchange, target.label, journey.extra)
+            response = _response_like(exchange, target.label, journey.extra)
             self.feedback.prepare(target.model, target.request, exchange)
             outcome = await exchange.relay(journey.request, response)
             completed = outcome is Outcome.DONE
@@ -308,17 +306,9 @@ class Attempts:
             self.metrics.cooldowns.labels(replica.model, replica.replica_id).inc()
 
 
-def _response_like(
-    request: web.Request, exchange: Exchange, label: str, extra: Mapping[str, str]
-) -> web.StreamResponse:
-    """The response to the client, with the upstream's status and type and our headers:
-    one written straight to the connection for a request of the gateway's front."""
-    status = exchange.status
-    response = (
-        FrontResponse(request, status=status)
-        if isinstance(request, FrontRequest) and relayable(status)
-        else web.StreamResponse(status=status)
-    )
+def _response_like(exchange: Exchange, label: str, extra: Mapping[str, str]) -> web.StreamResponse:
+    """The response to the client, with the upstream's status and type and our headers."""
+    response = web.StreamResponse(status=exchange.status)
     response.content_type = exchange.content_type
     if exchange.charset:
         response.charset = exchange.charset

@@ -21,11 +21,10 @@ router and middleware. Every connection of the gateway's TCP port comes here fir
                                    and is aiohttp's from then on: its errors (400, 404,
                                    405, 413, 414, 431) and every other endpoint
 
-A relayed answer is a ``FrontResponse`` (front_response.py), which writes its head and
-body to the connection itself; any other (the gateway's own errors) is aiohttp's
-``Response``, unchanged, to which the request gives a ``StreamWriter`` over the
-connection. Both run the app's ``on_response_prepare`` signal before a head goes out (the
-request id, ``x-rayfleet-worker``). A client that closes cancels its request's task, as aiohttp's
+Answers are aiohttp's own ``StreamResponse`` and ``Response`` objects, unchanged: the
+request gives them a ``StreamWriter`` over the connection and runs the app's
+``on_response_prepare`` signal before a head goes out (the request id,
+``x-rayfleet-worker``). A client that closes cancels its request's task, as aiohttp's
 ``handler_cancellation`` does, and the upstream request is aborted. A request sent before
 the answer to the one before it (pipelining) waits for that answer. On shutdown
 (``FrontSite.stop``) idle connections close at once and busy ones after their answer,
@@ -74,11 +73,10 @@ class FrontRequest(dict[Any, Any]):
         "_body_left",
         "_front",
         "_parts",
-        "_writer",
+        "_payload_writer",
         "headers",
         "keep_alive",
         "path",
-        "protocol",
         "transport",
     )
     method = "POST"
@@ -96,9 +94,8 @@ class FrontRequest(dict[Any, Any]):
         self.headers = CIMultiDictProxy(headers)
         self.path = path
         self.keep_alive = keep_alive
-        self.protocol = protocol
         self.transport = protocol.transport
-        self._writer: StreamWriter | None = None
+        self._payload_writer = StreamWriter(protocol, protocol.front.loop)
         self._front = protocol.front
         self._parts: list[bytes] = []
         self._body_left = content_length
@@ -108,14 +105,6 @@ class FrontRequest(dict[Any, Any]):
         """This request where aiohttp's type is asked for: it has what the data path
         and aiohttp's responses read of one (the class docstring)."""
         return cast(web.Request, self)
-
-    @property
-    def _payload_writer(self) -> StreamWriter:
-        """aiohttp's writer over the connection, made for the aiohttp responses that ask
-        for it (errors; a relayed answer is a ``FrontResponse``, which needs none)."""
-        if self._writer is None:
-            self._writer = StreamWriter(self.protocol, self._front.loop)
-        return self._writer
 
     async def _prepare_hook(self, response: web.StreamResponse) -> None:
         await self._front.on_response_prepare.send(self.as_aiohttp(), response)
@@ -239,11 +228,6 @@ class FrontProtocol(BaseProtocol):
         if self.transport is not None:
             self.transport.close()
 
-    async def drained(self) -> None:
-        """Return once the client's transport takes writes again (at once unless paused)."""
-        if self.writing_paused and self.transport is not None:
-            await self._drain_helper()
-
     # -- httptools' callbacks ---------------------------------------------------------
 
     def on_url(self, url: bytes) -> None:
@@ -363,8 +347,8 @@ class FrontProtocol(BaseProtocol):
 
     def _hand_off(self) -> None:
         """Give the connection to aiohttp's protocol with the bytes it has not seen.
-        Writing is never paused here: every answer ends with a ``write_eof`` (aiohttp's
-        or ``FrontResponse``'s) that waits for the transport to drain."""
+        Writing is never paused here: every answer ends with aiohttp's ``write_eof``,
+        which waits for the transport to drain."""
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None

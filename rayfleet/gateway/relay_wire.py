@@ -27,17 +27,12 @@ def taken(pieces: list[bytes]) -> bytes:
     return joined
 
 
-def chunk(piece: bytes) -> bytes:
-    """``piece`` (not empty) framed as one HTTP/1.1 chunk."""
-    return b"%x\r\n%b\r\n" % (len(piece), piece)
-
-
 def chunk_writer(client: asyncio.Transport) -> Callable[[bytes], None]:
     """A write of one HTTP/1.1 chunk to ``client`` per call."""
     raw = client.write
 
     def write(piece: bytes) -> None:
-        raw(b"%x\r\n%b\r\n" % (len(piece), piece))  # chunk(), inlined: once a read
+        raw(b"%x\r\n%b\r\n" % (len(piece), piece))
 
     return write
 
