@@ -203,6 +203,40 @@ def test_total_timeout_mid_stream_ends_with_a_408_event():
     assert error["code"] == "timeout" and "time limit" in error["message"]
 
 
+def test_a_stream_head_waits_for_the_first_piece_and_goes_out_with_it():
+    async def scenario(upstream, gateway, client, url):
+        upstream.stall_after = 1  # the head, one piece, then nothing
+        reader, writer = await raw_request(url, BODY)
+        first = await asyncio.wait_for(reader.read(65536), 10)  # what the first write sent
+        writer.close()
+        return first
+
+    head, _, body = run(scenario).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK")
+    assert body == b'10\r\ndata: {"i": 0}\n\n\r\n'
+
+
+def test_upstream_breaking_after_its_head_before_a_piece_is_a_502_in_error_json():
+    async def scenario(upstream, gateway, client, url):
+        upstream.break_after = 0
+        async with client.post(url, json=BODY) as response:
+            return response.status, await response.json(), gateway.replica_set.replicas()[0]
+
+    status, body, replica = run(scenario)
+    assert status == 502 and body["error"]["code"] == "upstream_failed"
+    assert replica.num_consecutive_failures == 1
+
+
+def test_total_timeout_after_the_head_before_a_piece_is_a_408_in_error_json():
+    async def scenario(upstream, gateway, client, url):
+        upstream.stall_after = 0
+        async with client.post(url, json=BODY) as response:
+            return response.status, await response.json()
+
+    status, body = run(scenario, timeout_s=0.5)
+    assert status == 408 and body["error"]["code"] == "timeout"
+
+
 async def left(upstream, gateway) -> tuple[bool, int, int]:
     """After the client left: whether the upstream saw the abort, the replica's count in
     flight and the relay's connections still carrying a request, once both reach 0."""
