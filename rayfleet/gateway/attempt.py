@@ -5,9 +5,11 @@ around any ``Upstream`` (upstream.py): it counts the request in flight on the re
 and in metrics, opens the exchange, relays the answer, and records time to first byte,
 latency and status, and success or failure against the replica (``ReplicaSet.failed``
 takes it out of rotation after N failures in a row). It returns the response, or
-``Unanswered`` when the upstream failed before the response's first byte (the caller
-may try elsewhere). A timeout before that is a 408 of the gateway's own, counted against
-the replica when the limit was the gateway's own (not a priority class's tighter one): a
+``Unanswered`` when the upstream failed before a byte of the response went to the client
+(the caller may try elsewhere): no connection, a 5xx, or a body that broke off before
+its first piece (relay.py holds a stream's head for it) or before its end (a body that is
+not streamed). A timeout before that is a 408 of the gateway's own, counted against the
+replica when the limit was the gateway's own (not a priority class's tighter one): a
 replica that accepts requests and never answers is then passed over. A response cut off
 after the first byte ends with an error event (a stream) and is never replayed.
 
@@ -69,7 +71,7 @@ CLIENT_CLOSED = 499  # the status access logs show for a client that left (nginx
 class Unanswered:
     """An attempt that failed before the first byte of a response: try elsewhere."""
 
-    reason: str  # upstream_connect or upstream_status
+    reason: str  # upstream_connect, upstream_status, or stream_broken (before a piece)
 
 
 Attempt = web.StreamResponse | Unanswered
@@ -146,6 +148,8 @@ class Attempts:
             response = _response_like(exchange, target.label, journey.extra)
             self.feedback.prepare(target.model, target.request, exchange)
             outcome = await exchange.relay(journey.request, response)
+            if outcome is Outcome.BROKEN and not response.prepared:
+                return self._unanswered(target, "stream_broken")  # nothing went out yet
             completed = outcome is Outcome.DONE
             if outcome is Outcome.CLIENT_GONE and delivered_whole(exchange):
                 outcome = Outcome.DONE  # the client had it all: [DONE], then it closed
@@ -189,17 +193,8 @@ class Attempts:
         if outcome is Outcome.CLIENT_GONE:
             return self._client_gone(target.model, response)
         if outcome is not Outcome.DONE:
-            if not response.prepared:  # nothing was sent yet: answer with an error of our own
-                if outcome is Outcome.TIMEOUT:
-                    return self._no_answer_in_time(journey, target, limits)
-                self._replica_failed(target, "stream_broken")
-                error = RequestError(
-                    502,
-                    f"{target.label} failed while responding; retry the request.",
-                    code="upstream_failed",
-                    reason="upstream_failed",
-                )
-                return self.refuse(error, target.model)
+            if not response.prepared:  # a time limit before anything was sent (a break
+                return self._no_answer_in_time(journey, target, limits)  # is retried: run)
             await self._end_cut_off(response, outcome, exchange.tail(), target, journey, limits)
         try:
             await response.write_eof()

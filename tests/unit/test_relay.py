@@ -37,6 +37,7 @@ class Upstream:
         self.stall_after: int | None = None
         self.stall_before_head = False
         self.break_after: int | None = None
+        self.breaks_left: int | None = None  # requests broken at break_after (None: all)
         self.big: bytes = b""
         self.partial_body = False  # a non-streamed body: half of it, then a stall
         self.end_gap_s = 0.0  # between [DONE] and the end of the response
@@ -65,7 +66,9 @@ class Upstream:
         for i in range(self.pieces):
             if i == self.stall_after:
                 await asyncio.sleep(30)
-            if i == self.break_after:
+            if i == self.break_after and self.breaks_left != 0:
+                if self.breaks_left is not None:
+                    self.breaks_left -= 1
                 request.transport.close()
                 return response
             await response.write(f"data: {json.dumps({'i': i})}\n\n".encode())
@@ -101,8 +104,16 @@ async def serve(app: web.Application, **kwargs) -> tuple[web.AppRunner, str]:
     return runner, f"http://{host}:{port}"
 
 
-def run(scenario, *, keepalive_s: float = 75.0, timeout_s: float = 600.0, relay: bool = True):
-    """Start the upstream and a gateway in front of it, then run ``scenario``."""
+def run(
+    scenario,
+    *,
+    keepalive_s: float = 75.0,
+    timeout_s: float = 600.0,
+    relay: bool = True,
+    replicas: int = 1,
+):
+    """Start the upstream and a gateway in front of it (as ``replicas`` replicas, r0 ...),
+    then run ``scenario``."""
 
     async def main():
         upstream = Upstream()
@@ -113,7 +124,7 @@ def run(scenario, *, keepalive_s: float = 75.0, timeout_s: float = 600.0, relay:
         )
 
         async def source():
-            return [{"replica_id": "r0", "model": "m", "url": up_url}]
+            return [{"replica_id": f"r{i}", "model": "m", "url": up_url} for i in range(replicas)]
 
         gateway = Gateway(["m"], source, request_timeout_s=timeout_s, relay=relay)
         gw_runner = await start_gateway(gateway, "127.0.0.1", 0)
@@ -216,7 +227,22 @@ def test_a_stream_head_waits_for_the_first_piece_and_goes_out_with_it():
     assert body == b'10\r\ndata: {"i": 0}\n\n\r\n'
 
 
-def test_upstream_breaking_after_its_head_before_a_piece_is_a_502_in_error_json():
+def test_a_stream_breaking_after_its_head_before_a_piece_is_retried_on_another_replica():
+    async def scenario(upstream, gateway, client, url):
+        upstream.break_after, upstream.breaks_left = 0, 1
+        async with client.post(url, json=BODY) as response:
+            answer = response.status, response.headers["x-rayfleet-replica"], await response.text()
+        failures = {
+            r.replica_id: r.num_consecutive_failures for r in gateway.replica_set.replicas()
+        }
+        return answer, failures
+
+    (status, replica, text), failures = run(scenario, replicas=2)
+    assert status == 200 and events(text)[-1] == "data: [DONE]"
+    assert failures[replica] == 0 and sorted(failures.values()) == [0, 1]
+
+
+def test_a_stream_breaking_before_a_piece_on_the_only_replica_is_a_502_in_error_json():
     async def scenario(upstream, gateway, client, url):
         upstream.break_after = 0
         async with client.post(url, json=BODY) as response:
@@ -224,6 +250,7 @@ def test_upstream_breaking_after_its_head_before_a_piece_is_a_502_in_error_json(
 
     status, body, replica = run(scenario)
     assert status == 502 and body["error"]["code"] == "upstream_failed"
+    assert "tried r0" in body["error"]["message"]
     assert replica.num_consecutive_failures == 1
 
 
