@@ -15,9 +15,10 @@ body goes out with the body's end (the last chunk and the terminator, through ai
 
 A stream's head waits for its first piece and goes out in the same write. A replica sends
 its head at once and its first token after the prefill; sending the head alone cost a
-write and a wake-up of the handler more. A replica that fails between the two gets the
-client an error of the gateway's own in error JSON (a 502, or a 408 for a time limit),
-not a 200 whose stream ends in an error event.
+write and a wake-up of the handler more. A stream that breaks off between the two has
+sent the client nothing, so it is tried on another replica (attempt.py), not answered
+with a 200 whose stream holds only an error event; a time limit reached there is a 408
+in error JSON.
 
 ``RelayConnection`` is one keep-alive connection to a replica and, while it carries a
 request, the ``Exchange`` of upstream.py: ``RelayPool`` (relay_pool.py) calls ``start``
