@@ -6,12 +6,12 @@ and in metrics, opens the exchange, relays the answer, and records time to first
 latency and status, and success or failure against the replica (``ReplicaSet.failed``
 takes it out of rotation after N failures in a row). It returns the response, or
 ``Unanswered`` when the upstream failed before a byte of the response went to the client
-(the caller may try elsewhere): no connection, a 5xx, or a body that broke off before
-its first piece (relay.py holds a stream's head for it) or before its end (a body that is
-not streamed). A timeout before that is a 408 of the gateway's own, counted against the
-replica when the limit was the gateway's own (not a priority class's tighter one): a
-replica that accepts requests and never answers is then passed over. A response cut off
-after the first byte ends with an error event (a stream) and is never replayed.
+(the caller may try elsewhere): no connection, a 5xx, or a body that is not streamed and
+broke off before its end (the relay sends such a body only whole). A timeout before that
+is a 408 of the gateway's own, counted against the replica when the limit was the
+gateway's own (not a priority class's tighter one): a replica that accepts requests and
+never answers is then passed over. A response cut off after the first byte ends with an
+error event (a stream) and is never replayed.
 
 A response that ended whole is read for its usage once the relay has it all, when the
 access log or the model's replica policy wants it: the prompt, cached and completion
@@ -71,7 +71,7 @@ CLIENT_CLOSED = 499  # the status access logs show for a client that left (nginx
 class Unanswered:
     """An attempt that failed before the first byte of a response: try elsewhere."""
 
-    reason: str  # upstream_connect, upstream_status, or stream_broken (before a piece)
+    reason: str  # upstream_connect, upstream_status, or stream_broken (a whole body's)
 
 
 Attempt = web.StreamResponse | Unanswered

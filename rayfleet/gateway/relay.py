@@ -13,12 +13,9 @@ rounds near saturation, 8 simulated replicas on a 2-core machine). The read that
 body goes out with the body's end (the last chunk and the terminator, through aiohttp's
 ``write_eof``) in one write, and so does a whole response that came in one read.
 
-A stream's head waits for its first piece and goes out in the same write. A replica sends
-its head at once and its first token after the prefill; sending the head alone cost a
-write and a wake-up of the handler more. A stream that breaks off between the two has
-sent the client nothing, so it is tried on another replica (attempt.py), not answered
-with a 200 whose stream holds only an error event; a time limit reached there is a 408
-in error JSON.
+A stream's head goes out as soon as it came, unless its first piece came with it: the
+client learns at once that the replica took the request (a request waiting in vLLM's
+queue shows its 200 before its first token).
 
 ``RelayConnection`` is one keep-alive connection to a replica and, while it carries a
 request, the ``Exchange`` of upstream.py: ``RelayPool`` (relay_pool.py) calls ``start``
@@ -180,19 +177,14 @@ class RelayConnection(asyncio.Protocol):
         await self._head
 
     async def relay(self, request: web.Request, response: web.StreamResponse) -> Outcome:
-        """The ``Exchange`` of upstream.py: a chunked body streams as it comes, its head
-        sent with the first piece; another is read whole and sent only when complete. A
-        response that fails before its first piece stays unprepared."""
+        """The ``Exchange`` of upstream.py: a chunked body streams as it comes; another
+        is read whole and sent only when complete (else ``response`` stays unprepared)."""
         if not self.chunked:
             return await self._relay_whole(request, response)
-        if not self._pieces and not self._done.done():
-            self._first = self._loop.create_future()
-            await self._first  # the first piece, or the end (``_settle`` resolves it too)
-        if not self._pieces and self._done.result() is not Outcome.DONE:
-            return self._done.result()
         if request.version >= HttpVersion11:
             response.enable_chunked_encoding()  # the relay frames the chunks itself
-        head_with_body(response)
+        if self._pieces:  # the first token is here: no need to send the head before it
+            head_with_body(response)
         await response.prepare(request)
         return await self.stream_to(response, request)
 
@@ -207,12 +199,14 @@ class RelayConnection(asyncio.Protocol):
         return outcome
 
     async def stream_to(self, response: web.StreamResponse, request: web.Request) -> Outcome:
-        """Relay the body, its first piece here (or its end), as it arrives to ``response``,
-        prepared; returns the outcome.
+        """Relay the body as it arrives to ``response``, prepared; returns the outcome.
 
         The pieces are framed as HTTP/1.1 chunks when the response has chunked encoding
         enabled (``enable_chunked_encoding``, before ``prepare``), and written as they are
         otherwise (for an HTTP/1.0 client, whose response ends when the connection closes)."""
+        if not self._pieces and not self._done.done():
+            self._first = self._loop.create_future()
+            await self._first  # the first piece, or the end (``_settle`` resolves it too)
         if self._pieces:
             # The first write goes through aiohttp so that the headers go out with it, and
             # the end of the body too when the whole response is here.
