@@ -25,6 +25,7 @@ from rayfleet.gateway.policies import Policies
 from rayfleet.gateway.server import start_gateway
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+HEALTH = b"GET /health HTTP/1.1\r\nHost: g\r\n\r\n"  # a request aiohttp's server answers
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -37,10 +38,13 @@ class Recorder:
     gap_s: float = 0.0
     big: bytes = b""  # written first on a stream
     written: int = 0  # bytes of streams written so far
+    reply: Handler | None = None  # answers instead, once the request is recorded
 
     async def answer(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         self.requests.append((request.path, dict(request.headers), raw))
+        if self.reply is not None:
+            return await self.reply(request)
         body = json.loads(raw)
         if not body.get("stream"):
             return web.json_response({"object": "answer", "path": request.path})

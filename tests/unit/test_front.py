@@ -14,6 +14,7 @@ from rayfleet.gateway.auth import hash_key
 from rayfleet.gateway.front import Front, FrontSite
 from rayfleet.gateway.policies import Policies
 from tests.unit.hostile import (
+    HEALTH,
     Served,
     assert_openai_error,
     post,
@@ -23,7 +24,6 @@ from tests.unit.hostile import (
 )
 
 COMPLETION = json.dumps({"model": "m", "prompt": "hello"}).encode()
-HEALTH = b"GET /health HTTP/1.1\r\nHost: g\r\n\r\n"
 
 
 def front_of(served: Served) -> Front:

@@ -5,18 +5,13 @@ a connection the client asked to close, a whole body with its length, and a 204.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
 from email.utils import parsedate_to_datetime
 
 from aiohttp import web
 
-from rayfleet.gateway.app import Gateway
-from rayfleet.gateway.server import start_gateway
-from tests.unit.hostile import Handler, post, read_answer, serving, upstream_answering
+from tests.unit.hostile import HEALTH, exchange, post, read_answer, serving
 
-HEALTH = b"GET /health HTTP/1.1\r\nHost: g\r\n\r\n"
 STREAM = json.dumps({"model": "m", "prompt": "hello", "stream": True}).encode()
 
 
@@ -93,12 +88,8 @@ def test_a_client_that_asks_to_close_gets_connection_close_and_the_end_of_file()
 def test_a_whole_body_goes_out_with_its_length_and_no_chunks():
     async def main():
         async with serving() as served:
-            reader, writer = await asyncio.open_connection(served.host, served.port)
             body = json.dumps({"model": "m", "prompt": "hello"}).encode()
-            writer.write(post("/v1/completions", body))
-            answer = await read_answer(reader)
-            writer.close()
-            return answer
+            return await exchange(served, post("/v1/completions", body))
 
     answer = asyncio.run(main())
     assert answer.status == 200 and answer.json()["object"] == "answer"
@@ -107,29 +98,14 @@ def test_a_whole_body_goes_out_with_its_length_and_no_chunks():
     assert answer.headers["content-type"] == "application/json; charset=utf-8"
 
 
-@contextlib.asynccontextmanager
-async def gateway_before(answer: Handler) -> AsyncIterator[tuple[str, int]]:
-    async with upstream_answering(answer) as url:
-
-        async def source() -> list[dict[str, str]]:
-            return [{"replica_id": "m#0", "model": "m", "url": url}]
-
-        gateway = Gateway(["m"], source, replica_metrics_period_s=None)
-        runner = await start_gateway(gateway, "127.0.0.1", 0)
-        try:
-            yield runner.addresses[0][:2]
-        finally:
-            await runner.cleanup()
-
-
 def test_a_204_from_the_replica_is_relayed_without_a_body():
     async def no_content(request: web.Request) -> web.StreamResponse:
-        await request.read()
         return web.Response(status=204)
 
     async def main():
-        async with gateway_before(no_content) as (host, port):
-            reader, writer = await asyncio.open_connection(host, port)
+        async with serving() as served:
+            served.upstream.reply = no_content
+            reader, writer = await asyncio.open_connection(served.host, served.port)
             writer.write(post("/v1/completions", STREAM))
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
             writer.write(post("/v1/completions", STREAM))  # and the connection goes on
