@@ -193,8 +193,10 @@ class Attempts:
         if outcome is Outcome.CLIENT_GONE:
             return self._client_gone(target.model, response)
         if outcome is not Outcome.DONE:
-            if not response.prepared:  # a time limit before anything was sent (a break
-                return self._no_answer_in_time(journey, target, limits)  # is retried: run)
+            # Unprepared here means a time limit before anything was sent: a break then
+            # was already handed back to ``run``'s caller as Unanswered, to try elsewhere.
+            if not response.prepared:
+                return self._no_answer_in_time(journey, target, limits)
             await self._end_cut_off(response, outcome, exchange.tail(), target, journey, limits)
         try:
             await response.write_eof()

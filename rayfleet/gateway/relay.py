@@ -180,23 +180,20 @@ class RelayConnection(asyncio.Protocol):
         """The ``Exchange`` of upstream.py: a chunked body streams as it comes; another
         is read whole and sent only when complete (else ``response`` stays unprepared)."""
         if not self.chunked:
-            return await self._relay_whole(request, response)
+            outcome = await self._done
+            if outcome is Outcome.DONE:
+                body = b"".join(self._pieces)
+                response.content_length = len(body)
+                head_with_body(response)
+                await response.prepare(request)
+                await response.write_eof(body)
+            return outcome
         if request.version >= HttpVersion11:
             response.enable_chunked_encoding()  # the relay frames the chunks itself
         if self._pieces:  # the first token is here: no need to send the head before it
             head_with_body(response)
         await response.prepare(request)
         return await self.stream_to(response, request)
-
-    async def _relay_whole(self, request: web.Request, response: web.StreamResponse) -> Outcome:
-        outcome = await self._done
-        if outcome is Outcome.DONE:
-            body = b"".join(self._pieces)
-            response.content_length = len(body)
-            head_with_body(response)
-            await response.prepare(request)
-            await response.write_eof(body)
-        return outcome
 
     async def stream_to(self, response: web.StreamResponse, request: web.Request) -> Outcome:
         """Relay the body as it arrives to ``response``, prepared; returns the outcome.
