@@ -2,7 +2,7 @@
 
     kill_process_group(pgid, grace_s)    SIGTERM the group, SIGKILL what is left after
                                          ``grace_s``; zombies count as gone
-    record_engine(pid_dir, pid)          ``pid_dir/<pid>.pid``: "<pid> <start time>",
+    record_engine(pid_dir, pid)          ``pid_dir/<pid>.pid``: "<pid> <start ticks>",
                                          written by EngineProcess the moment it spawns
     kill_recorded_engines(pid_dir)       stop every recorded group still there; remove
                                          the records
@@ -18,6 +18,13 @@ after `rayfleet down` during the demo model's start). They stay in the server's
 process group, so stopping the recorded group stops them too. A record's start time
 guards against a pid reused since: a group whose leader is gone is stopped only while
 a process started after the record is still in it.
+
+The start time is the kernel's, in clock ticks since boot (``/proc/<pid>/stat``), not a
+time of day: psutil's ``create_time()`` adds the boot time as the wall clock has it now,
+so a clock stepped after a server started (NTP, a virtual machine resumed) made every
+running server look like a pid reused: its record was dropped, and what it left when
+killed later was never stopped. Records are written whole (a file renamed into place),
+so a replica starting never reads half of one.
 
 The same leftovers come while a fleet runs: a replica actor killed (or its node's Ray
 worker lost) takes its server with it (the server dies with its parent, engine.py), but
@@ -85,12 +92,27 @@ def _group_members(pgid: int) -> list[psutil.Process]:
 
 
 def record_engine(pid_dir: Path, pid: int) -> None:
-    """Write ``pid_dir/<pid>.pid``: the server's pid and start time."""
-    import psutil
-
+    """Write ``pid_dir/<pid>.pid``: the server's pid and start ticks (nothing when the
+    server has already gone)."""
+    stat = _stat(pid)
+    if stat is None:
+        return
     pid_dir.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(psutil.Error):
-        (pid_dir / f"{pid}.pid").write_text(f"{pid} {psutil.Process(pid).create_time()}\n")
+    partial = pid_dir / f"{pid}.pid.partial"
+    partial.write_text(f"{pid} {stat[1]}\n")
+    partial.replace(pid_dir / f"{pid}.pid")
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """A process's state letter and its start in clock ticks since boot; None when it
+    is gone. The command name may hold spaces and parentheses: fields start after the
+    last ")"."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return fields[0], int(fields[19])  # fields 3 and 22 of proc(5)
 
 
 def kill_recorded_engines(pid_dir: Path, grace_s: float = 5.0) -> list[int]:
@@ -127,32 +149,25 @@ def _records(pid_dir: Path) -> list[Path]:
     return sorted(pid_dir.glob("*.pid")) if pid_dir.is_dir() else []
 
 
-def _read(record: Path) -> tuple[int, float] | None:
-    """A record's (server pid, its start time); None when unreadable."""
+def _read(record: Path) -> tuple[int, int] | None:
+    """A record's (server pid, its start ticks); None when unreadable."""
     try:
-        pid_text, created_text = record.read_text().split()
-        return int(pid_text), float(created_text)
+        pid_text, started_text = record.read_text().split()
+        return int(pid_text), int(started_text)
     except (OSError, ValueError):
         return None
 
 
-def _server_runs(pid: int, created: float) -> bool:
-    """Whether the server recorded as ``pid`` started at ``created`` still runs."""
-    import psutil
-
-    try:
-        server = psutil.Process(pid)
-        return (
-            server.status() != psutil.STATUS_ZOMBIE and abs(server.create_time() - created) < 0.05
-        )
-    except psutil.NoSuchProcess:
-        return False
+def _server_runs(pid: int, started: int) -> bool:
+    """Whether the server recorded as ``pid``, started at tick ``started``, still runs."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z" and stat[1] == started
 
 
-def _still_ours(pgid: int, created: float) -> bool:
+def _still_ours(pgid: int, started: int) -> bool:
     """Whether group ``pgid`` is still the recorded server's: its leader, started at
-    ``created``, is there (running or a zombie); or the leader is gone and a process of
-    the group started since ``created`` is left.
+    tick ``started``, is there (running or a zombie); or the leader is gone and a
+    process of the group started since is left.
 
     A group's id is its leader's pid, and a process joins a group by being spawned into
     it (or by setpgid, which nothing here does): with the leader gone, the members are
@@ -160,14 +175,11 @@ def _still_ours(pgid: int, created: float) -> bool:
     reused since leads a group of its own and fails the first test. Members are not told
     by their names: vLLM titles its processes (VLLM::EngineCore) only where setproctitle
     works, and a fresh install's engine core was seen left as "python"."""
-    import psutil
-
-    try:
-        return abs(psutil.Process(pgid).create_time() - created) < 0.05
-    except psutil.NoSuchProcess:
-        pass
+    leader = _stat(pgid)
+    if leader is not None:
+        return leader[1] == started
     for proc in _group_members(pgid):
-        with contextlib.suppress(psutil.Error):
-            if proc.create_time() >= created and proc.status() != psutil.STATUS_ZOMBIE:
-                return True
+        stat = _stat(proc.pid)
+        if stat is not None and stat[0] != "Z" and stat[1] >= started:
+            return True
     return False

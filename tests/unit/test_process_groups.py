@@ -99,7 +99,7 @@ def test_while_the_fleet_runs_only_the_groups_whose_server_is_gone_are_stopped(t
 def test_a_record_whose_pid_now_belongs_to_another_program_stops_nothing(tmp_path):
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
-        (tmp_path / f"{other.pid}.pid").write_text(f"{other.pid} 12345.0\n")  # started earlier
+        (tmp_path / f"{other.pid}.pid").write_text(f"{other.pid} 1\n")  # started at tick 1
         assert kill_recorded_engines(tmp_path) == []
         assert other.poll() is None
         assert not (tmp_path / f"{other.pid}.pid").exists()
@@ -142,8 +142,30 @@ def test_a_group_left_with_only_another_parents_zombie_counts_as_stopped():
         parent.wait()
 
 
-def test_record_engine_writes_the_pid_and_its_start_time(tmp_path: Path):
+def test_record_engine_writes_the_pid_and_its_start_in_ticks_since_boot(tmp_path: Path):
     record_engine(tmp_path / "pids", os.getpid())
-    pid, created = (tmp_path / "pids" / f"{os.getpid()}.pid").read_text().split()
+    pid, started = (tmp_path / "pids" / f"{os.getpid()}.pid").read_text().split()
     assert int(pid) == os.getpid()
-    assert float(created) == psutil.Process().create_time()
+    since_boot = int(started) / os.sysconf("SC_CLK_TCK")
+    assert since_boot + psutil.boot_time() == pytest.approx(psutil.Process().create_time())
+    assert [p.name for p in (tmp_path / "pids").iterdir()] == [f"{os.getpid()}.pid"]
+
+
+def test_a_clock_stepped_after_a_server_started_leaves_the_server_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """NTP, or a virtual machine resumed, moves the boot time as the wall clock reads it;
+    psutil's create_time() moves with it. A running server must still be one that runs."""
+    server, core = start_server("wait")
+    try:
+        record_engine(tmp_path, server.pid)
+        before = psutil.Process(server.pid).create_time()
+        stepped = psutil.boot_time() + 3.0
+        monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: stepped)
+        assert psutil.Process(server.pid).create_time() == pytest.approx(before + 3.0)
+        assert stop_leaderless_engines(tmp_path, grace_s=5) == []
+        assert server.poll() is None and running(core)
+        assert [p.name for p in tmp_path.iterdir()] == [f"{server.pid}.pid"]
+    finally:
+        kill_process_group(server.pid, grace_s=5)
+        server.wait(timeout=10)
