@@ -155,6 +155,32 @@ class RunningFleet:
         state: dict[str, Any] = json.loads(self.state_file.read_text())
         return state
 
+    def serve_events(self, last: int = 40) -> str:
+        """What Serve did to replicas and what they warned of, from the logs of the latest
+        Ray session (the fleet's own on the embedded Ray): for a failure's message."""
+        logs = Path("/tmp/ray/session_latest/logs")
+        serve = [
+            line
+            for path in sorted(logs.glob("serve/*.log"))
+            for line in path.read_text(errors="replace").splitlines()
+            if any(word in line for word in SERVE_EVENT_WORDS)
+        ]
+        ours = [  # rayfleet's own warnings go to the replica's worker's stderr
+            f"{path.name}: {line}"
+            for path in sorted(logs.glob("worker-*.err"))
+            for line in path.read_text(errors="replace").splitlines()
+            if "rayfleet" in line
+        ]
+        return "\n".join([*sorted(serve, key=_log_time)[-last:], *ours[-last:]])
+
+
+SERVE_EVENT_WORDS = ("Adding", "Removing", "Stopping", "health", "died", "WARNING", "ERROR")
+
+
+def _log_time(line: str) -> str:
+    """Serve's log lines start "LEVEL yyyy-mm-dd hh:mm:ss,mmm"."""
+    return " ".join(line.split()[1:3])
+
 
 @contextlib.contextmanager
 def running_fleet(

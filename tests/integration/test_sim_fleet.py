@@ -44,7 +44,8 @@ def test_scale_up_keeps_the_replicas_it_has(fleet):
     before = {r["pid"] for r in serving(fleet, "sim-a", 2) or []}
     fleet.cli("scale", "sim-a", "4")
     now = wait_until(lambda: serving(fleet, "sim-a", 4), TIMEOUT_S, poll_s=1.0)
-    assert now is not None and before <= {r["pid"] for r in now}
+    assert now is not None, fleet.serve_events()
+    assert before <= {r["pid"] for r in now}, fleet.serve_events()
     fleet.cli("scale", "sim-a", "2")
     assert wait_until(lambda: serving(fleet, "sim-a", 2), TIMEOUT_S, poll_s=1.0)
 
