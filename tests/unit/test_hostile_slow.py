@@ -21,6 +21,7 @@ import time
 import pytest
 
 from tests.unit.hostile import (
+    HEALTH,
     assert_openai_error,
     exchange,
     post,
@@ -65,7 +66,7 @@ def test_headers_trickled_a_byte_at_a_time_are_cut_off_at_the_idle_timeout(after
             baseline = len(asyncio.all_tasks())
             reader, writer = await asyncio.open_connection(served.host, served.port)
             if after_an_answer:
-                writer.write(b"GET /health HTTP/1.1\r\nHost: g\r\n\r\n")
+                writer.write(HEALTH)
                 assert (await read_answer(reader)).status == 200
             head = b"POST /v1/completions HTTP/1.1\r\nHost: g\r\nX-Pad: " + b"a" * 10_000
             eof = asyncio.create_task(reader.read())  # b"" once the gateway closes
@@ -121,15 +122,14 @@ def test_a_thousand_idle_keep_alive_connections_while_another_client_is_served()
             await still_serving(served)
             baseline = len(asyncio.all_tasks())
             conns = [await asyncio.open_connection(served.host, served.port) for _ in range(num)]
-            request = b"GET /health HTTP/1.1\r\nHost: g\r\n\r\n"
             for _, writer in conns:
-                writer.write(request)
+                writer.write(HEALTH)
             answers = [await read_answer(reader) for reader, _ in conns]
             started = time.monotonic()
             await still_serving(served)  # a new client, with 1,000 idle connections held
             latency_s = time.monotonic() - started
             for reader, writer in conns[::100]:  # and the idle ones still work
-                writer.write(request)
+                writer.write(HEALTH)
                 assert (await read_answer(reader)).status == 200
             num_open = len(served.gateway_connections())
             for _, writer in conns:
