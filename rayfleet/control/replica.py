@@ -56,6 +56,10 @@ log = logging.getLogger("rayfleet.replica")
 
 HEALTH_CHECK_PERIOD_S = 2.0
 HEALTH_CHECK_TIMEOUT_S = 15.0
+# A check's worst case must fit Serve's timeout, or Serve counts a failed check against a
+# replica that serves: a /health probe of a third of it, then a heartbeat and, when the
+# registry does not know the replica, a register, a sixth each (5 + 2.5 + 2.5 of 15 s).
+HEARTBEAT_TIMEOUT_S = HEALTH_CHECK_TIMEOUT_S / 6
 GRACEFUL_SHUTDOWN_TIMEOUT_S = 30.0
 
 
@@ -173,8 +177,8 @@ class VLLMReplica:
             self._deregister()
             self._stop_all(self.engine)
             raise RuntimeError(f"vLLM server of {self.replica_id}: {problem}")
-        if not _call(self.registry.heartbeat, self.replica_id):
-            _call(self.registry.register, self.entry)
+        if not _call(self.registry.heartbeat, self.replica_id, timeout_s=HEARTBEAT_TIMEOUT_S):
+            _call(self.registry.register, self.entry, timeout_s=HEARTBEAT_TIMEOUT_S)
         if self.engine.pid_dir is not None:  # leftovers of a replica killed on this node
             stopped = stop_leaderless_engines(self.engine.pid_dir)
             if stopped:
