@@ -150,9 +150,16 @@ def _records(pid_dir: Path) -> list[Path]:
 
 
 def _read(record: Path) -> tuple[int, int] | None:
-    """A record's (server pid, its start ticks); None when unreadable."""
+    """A record's (server pid, its start ticks); None when unreadable. A record of an
+    older rayfleet holds psutil's start time (seconds since the epoch): read back with
+    the boot time of now, as it was written."""
     try:
         pid_text, started_text = record.read_text().split()
+        if "." in started_text:
+            import psutil
+
+            since_boot = float(started_text) - psutil.boot_time()
+            return int(pid_text), round(since_boot * os.sysconf("SC_CLK_TCK"))
         return int(pid_text), int(started_text)
     except (OSError, ValueError):
         return None

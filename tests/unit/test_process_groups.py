@@ -169,3 +169,17 @@ def test_a_clock_stepped_after_a_server_started_leaves_the_server_running(
     finally:
         kill_process_group(server.pid, grace_s=5)
         server.wait(timeout=10)
+
+
+def test_a_record_of_an_older_rayfleet_still_stops_its_group(tmp_path: Path):
+    """Before ticks, a record held psutil's create_time(), seconds since the epoch."""
+    server, core = start_server("wait")
+    try:
+        created = psutil.Process(server.pid).create_time()
+        (tmp_path / f"{server.pid}.pid").write_text(f"{server.pid} {created}\n")
+        assert stop_leaderless_engines(tmp_path) == []  # its server runs: left alone
+        assert kill_recorded_engines(tmp_path, grace_s=5) == [server.pid]
+        assert wait_until(lambda: not running(core), 10)
+    finally:
+        kill_process_group(server.pid, grace_s=5)
+        server.wait(timeout=10)
