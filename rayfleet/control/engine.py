@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -133,27 +132,37 @@ def _engine_env(extra: Mapping[str, str] | None) -> dict[str, str]:
     return env
 
 
-def _reset_priority() -> None:
-    # Runs in the child between fork and exec.
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, 0, 0)
-    _die_with_parent()
+# The server is started through this, which execs it in place (same pid): no Python code
+# may run in the child between fork and exec. With a ``preexec_fn``, subprocess forks
+# instead of vforking, and fork runs the at-fork handlers of Ray's gRPC in the child; they
+# restart gRPC's poller threads there, the child's closing of inherited descriptors closes
+# their epoll descriptor, and gRPC aborted the child (SIGABRT, "epoll_wait error: Bad file
+# descriptor" in the server's log): a simulated replica's server died within 3 s of its
+# start, twice in fresh-clone runs (tests/integration/test_sim_fleet.py).
+EXEC_UNNICED = """
+import ctypes, os, signal, sys
+try:
+    os.setpriority(os.PRIO_PROCESS, 0, 0)
+except OSError:
+    pass
+try:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+except Exception:
+    pass
+os.execv(sys.argv[1], sys.argv[1:])
+"""
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL the server if the process that started it dies.
+def unniced(argv: list[str]) -> list[str]:
+    """``argv`` run at niceness 0 (a Ray worker may be niced; the engine must not be),
+    and SIGKILLed by Linux if the process that started it dies.
 
     Not SIGTERM: on SIGTERM vLLM 0.32's server aborted its engine and then waited for its
     open HTTP requests to end, and a non-streamed one never did. With its replica actor
     killed, two such requests hung until the gateway's 600 s timeout (test_recovery). Killed,
     the server resets its connections and the gateway retries them on another replica. Its
     engine core and workers are in its process group, which the fleet stops by group."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    return [sys.executable, "-S", "-c", EXEC_UNNICED, *argv]
 
 
 class EngineProcess:
@@ -216,13 +225,12 @@ class EngineProcess:
                 )
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                argv,
+                unniced(argv),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=_engine_env(self.env),
                 process_group=0,  # its own group, its parent's session (see above)
-                preexec_fn=_reset_priority,
             )
         if self.pid_dir is not None:
             record_engine(self.pid_dir, self.proc.pid)
