@@ -149,7 +149,7 @@ try:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 except Exception:
     pass
-os.execv(sys.argv[1], sys.argv[1:])
+os.execvp(sys.argv[1], sys.argv[1:])
 """
 
 
