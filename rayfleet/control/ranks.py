@@ -12,7 +12,8 @@ STRICT_SPREAD, rayfleet/control/placement.py)::
                               headless rank on its node (rayfleet/control/headless.py)
     ranks.args_for(0)         the API server's own engine args (rank 0, started by the
                               replica as for any model)
-    ranks.failure()           None, or which rank died and the tail of its log
+    ranks.failure()           None, or which rank died and the tail of its log (every
+                              rank asked at once, within answer_timeout_s)
     ranks.describe(rank0)     [{"rank", "node_id", "node_ip", "pid"}] for the registry
     ranks.stop()              stop every headless rank, then drop the actors
 
@@ -45,7 +46,9 @@ from rayfleet.control.placement import assigned_gpu_ids, gpu_env, node_bundle
 
 log = logging.getLogger("rayfleet.ranks")
 
-RANK_CALL_TIMEOUT_S = 10.0
+RANK_CALL_TIMEOUT_S = 10.0  # a rank's start and stop
+RANK_ANSWER_TIMEOUT_S = 2.5  # a rank's answer to a health check, unless told
+SLOW_ANSWERS_LIMIT = 3  # checks in a row a live rank's actor may leave unanswered
 SOCKET_IFNAME_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 Rank = dict[str, Any]  # {"rank", "node_id", "node_ip", "pid"}
@@ -151,6 +154,7 @@ class SpanningRanks:
         replica_id: str,
         master_addr: str,
         log_dir: Path,
+        answer_timeout_s: float = RANK_ANSWER_TIMEOUT_S,
     ):
         self.model = model
         self.engine_args = dict(engine_args)
@@ -160,6 +164,8 @@ class SpanningRanks:
         self.log_dir = log_dir
         self.actors: list[Any] = []  # Ray handles; index i is rank i + 1
         self.ranks: list[Rank] = []
+        self.answer_timeout_s = answer_timeout_s
+        self.num_unanswered = 0  # checks in a row some rank's actor left unanswered
 
     def args_for(self, rank: int) -> dict[str, Any]:
         return rank_engine_args(
@@ -203,20 +209,58 @@ class SpanningRanks:
         log.info("replica %s: ranks started %s", self.replica_id, self.ranks)
 
     def failure(self) -> str | None:
-        """Which rank's process is gone, with the end of its log; None when all run."""
-        for index, actor in enumerate(self.actors):
+        """Which rank's process is gone, with the end of its log; None when all run.
+
+        Every rank is asked at once, so a check waits ``answer_timeout_s`` however many
+        ranks there are (and as long again for a dead rank's log). A rank whose actor died
+        is a failure at once. One whose actor leaves the question unanswered is one only
+        after ``SLOW_ANSWERS_LIMIT`` checks in a row: a loaded node answers late, as the
+        replica's /health probe counts (rayfleet/control/server_probe.py)."""
+        asked = [actor.alive.remote() for actor in self.actors]
+        ready, _ = ray.wait(asked, num_returns=len(asked), timeout=self.answer_timeout_s)
+        answered = set(ready)
+        silent = []
+        for index, ref in enumerate(asked):
             rank = index + 1
+            if ref not in answered:
+                silent.append(rank)
+                continue
             try:
-                if ray.get(actor.alive.remote(), timeout=RANK_CALL_TIMEOUT_S):
+                if ray.get(ref):
                     continue
-                tail = ray.get(actor.log_tail.remote(), timeout=RANK_CALL_TIMEOUT_S)
-            except Exception as exc:  # noqa: BLE001  (an actor that cannot answer is dead)
+                tail = ray.get(self.actors[index].log_tail.remote(), timeout=self.answer_timeout_s)
+            except Exception as exc:  # noqa: BLE001  (its actor is gone, or cannot read its log)
                 return f"rank {rank} does not answer ({type(exc).__name__})"
-            where = self.ranks[index] if index < len(self.ranks) else {}
+            return self._exited(index, tail)
+        return self._unanswered(silent)
+
+    def _exited(self, index: int, tail: str) -> str:
+        where = self.ranks[index] if index < len(self.ranks) else {}
+        return (
+            f"rank {index + 1} (node {where.get('node_ip', '?')}, pid {where.get('pid', '?')}) "
+            f"has exited; last lines of its log:\n{tail[-2000:]}"
+        )
+
+    def _unanswered(self, silent: list[int]) -> str | None:
+        """A failure once ranks left ``SLOW_ANSWERS_LIMIT`` checks in a row unanswered."""
+        if not silent:
+            self.num_unanswered = 0
+            return None
+        self.num_unanswered += 1
+        ranks = ", ".join(map(str, silent))
+        if self.num_unanswered >= SLOW_ANSWERS_LIMIT:
             return (
-                f"rank {rank} (node {where.get('node_ip', '?')}, pid {where.get('pid', '?')}) "
-                f"has exited; last lines of its log:\n{tail[-2000:]}"
+                f"rank {ranks} does not answer ({self.num_unanswered} checks of "
+                f"{self.answer_timeout_s:g} s in a row)"
             )
+        log.warning(
+            "replica %s: rank %s left a check unanswered for %g s (%d of %d in a row)",
+            self.replica_id,
+            ranks,
+            self.answer_timeout_s,
+            self.num_unanswered,
+            SLOW_ANSWERS_LIMIT,
+        )
         return None
 
     def describe(self, rank0: Rank) -> list[Rank]:

@@ -57,9 +57,11 @@ log = logging.getLogger("rayfleet.replica")
 HEALTH_CHECK_PERIOD_S = 2.0
 HEALTH_CHECK_TIMEOUT_S = 15.0
 # A check's worst case must fit Serve's timeout, or Serve counts a failed check against a
-# replica that serves: a /health probe of a third of it, then a heartbeat and, when the
-# registry does not know the replica, a register, a sixth each (5 + 2.5 + 2.5 of 15 s).
+# replica that serves: a /health probe of a third of it, the other ranks of a replica that
+# spans nodes (asked at once), then a heartbeat and, when the registry does not know the
+# replica, a register, a sixth each (5 + 2.5 + 2.5 + 2.5 of 15 s).
 HEARTBEAT_TIMEOUT_S = HEALTH_CHECK_TIMEOUT_S / 6
+RANKS_TIMEOUT_S = HEALTH_CHECK_TIMEOUT_S / 6
 GRACEFUL_SHUTDOWN_TIMEOUT_S = 30.0
 
 
@@ -142,7 +144,12 @@ class VLLMReplica:
         engine_args = self.engine_args
         if self.model.spans_nodes:
             self.ranks = SpanningRanks(
-                self.model, self.engine_args, self.replica_id, self.node_ip, log_dir
+                self.model,
+                self.engine_args,
+                self.replica_id,
+                self.node_ip,
+                log_dir,
+                answer_timeout_s=RANKS_TIMEOUT_S,
             )
             engine_args = self.ranks.args_for(0)
         engine = EngineProcess(
