@@ -24,7 +24,9 @@ time of day: psutil's ``create_time()`` adds the boot time as the wall clock has
 so a clock stepped after a server started (NTP, a virtual machine resumed) made every
 running server look like a pid reused: its record was dropped, and what it left when
 killed later was never stopped. Records are written whole (a file renamed into place),
-so a replica starting never reads half of one.
+so a replica starting never reads half of one. A replica killed between the write and the
+rename leaves ``<pid>.pid.partial``; one ``ABANDONED_AFTER_S`` old is taken as the record
+it was to become (a writer renames at once).
 
 The same leftovers come while a fleet runs: a replica actor killed (or its node's Ray
 worker lost) takes its server with it (the server dies with its parent, engine.py), but
@@ -44,6 +46,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import psutil
+
+PARTIAL = ".partial"
+ABANDONED_AFTER_S = 60.0
 
 
 def kill_process_group(pgid: int, grace_s: float = 15.0) -> None:
@@ -98,7 +103,7 @@ def record_engine(pid_dir: Path, pid: int) -> None:
     if stat is None:
         return
     pid_dir.mkdir(parents=True, exist_ok=True)
-    partial = pid_dir / f"{pid}.pid.partial"
+    partial = pid_dir / f"{pid}.pid{PARTIAL}"
     partial.write_text(f"{pid} {stat[1]}\n")
     partial.replace(pid_dir / f"{pid}.pid")
 
@@ -146,7 +151,19 @@ def stop_leaderless_engines(pid_dir: Path, grace_s: float = 5.0) -> list[int]:
 
 
 def _records(pid_dir: Path) -> list[Path]:
-    return sorted(pid_dir.glob("*.pid")) if pid_dir.is_dir() else []
+    if not pid_dir.is_dir():
+        return []
+    _adopt_abandoned(pid_dir)
+    return sorted(pid_dir.glob("*.pid"))
+
+
+def _adopt_abandoned(pid_dir: Path) -> None:
+    """Rename into place each record whose writer died between writing and renaming it."""
+    now = time.time()
+    for partial in pid_dir.glob(f"*.pid{PARTIAL}"):
+        with contextlib.suppress(OSError):  # renamed or removed meanwhile
+            if now - partial.stat().st_mtime >= ABANDONED_AFTER_S:
+                partial.replace(partial.with_suffix(""))
 
 
 def _read(record: Path) -> tuple[int, int] | None:

@@ -14,6 +14,7 @@ import pytest
 
 from rayfleet.control.engine import SERVER_MODULE
 from rayfleet.control.process_groups import (
+    ABANDONED_AFTER_S,
     kill_process_group,
     kill_recorded_engines,
     record_engine,
@@ -106,6 +107,27 @@ def test_a_record_whose_pid_now_belongs_to_another_program_stops_nothing(tmp_pat
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_record_its_writer_never_renamed_is_taken_once_abandoned(tmp_path):
+    """A replica killed between writing its server's record and renaming it into place:
+    the record is taken once old enough, and a fresh one (being written) is left."""
+    gone, orphan = start_server("exit")
+    try:
+        record_engine(tmp_path, gone.pid)
+        record = tmp_path / f"{gone.pid}.pid"
+        partial = record.rename(tmp_path / f"{gone.pid}.pid.partial")
+        gone.wait(timeout=30)  # the engine core is an orphan now
+        assert stop_leaderless_engines(tmp_path) == []  # just written: not yet abandoned
+        assert partial.exists() and running(orphan)
+        old = time.time() - ABANDONED_AFTER_S - 1
+        os.utime(partial, (old, old))
+        assert stop_leaderless_engines(tmp_path, grace_s=5) == [gone.pid]
+        assert wait_until(lambda: not running(orphan), 10)
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        if running(orphan):
+            orphan.kill()
 
 
 def test_an_unreadable_record_is_dropped(tmp_path):
