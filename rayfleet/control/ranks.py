@@ -166,6 +166,7 @@ class SpanningRanks:
         self.ranks: list[Rank] = []
         self.answer_timeout_s = answer_timeout_s
         self.num_unanswered = 0  # checks in a row some rank's actor left unanswered
+        self.unanswered: dict[int, Any] = {}  # index: the question still pending
 
     def args_for(self, rank: int) -> dict[str, Any]:
         return rank_engine_args(
@@ -215,15 +216,21 @@ class SpanningRanks:
         ranks there are (and as long again for a dead rank's log). A rank whose actor died
         is a failure at once. One whose actor leaves the question unanswered is one only
         after ``SLOW_ANSWERS_LIMIT`` checks in a row: a loaded node answers late, as the
-        replica's /health probe counts (rayfleet/control/server_probe.py)."""
-        asked = [actor.alive.remote() for actor in self.actors]
+        replica's /health probe counts (rayfleet/control/server_probe.py). A question
+        left unanswered is waited for again at the next check, not asked anew, so a slow
+        actor's queue does not grow."""
+        pending = self.unanswered
+        asked = [
+            pending[i] if i in pending else actor.alive.remote()
+            for i, actor in enumerate(self.actors)
+        ]
         ready, _ = ray.wait(asked, num_returns=len(asked), timeout=self.answer_timeout_s)
         answered = set(ready)
-        silent = []
+        self.unanswered = {i: ref for i, ref in enumerate(asked) if ref not in answered}
+        silent = [index + 1 for index in self.unanswered]
         for index, ref in enumerate(asked):
             rank = index + 1
             if ref not in answered:
-                silent.append(rank)
                 continue
             try:
                 if ray.get(ref):

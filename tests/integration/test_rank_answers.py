@@ -1,7 +1,7 @@
 """How a replica that spans nodes reads its other ranks' answers at each health check
 (``SpanningRanks.failure``), against real Ray actors on a local raylet: every rank asked
 at once, a dead actor or an exited process a failure at once, a rank that leaves the
-question unanswered one only after three checks in a row.
+question unanswered one only after three checks in a row (asked once, waited for at each).
 
 The actors here stand in for ``EngineRank`` with a process that runs, has exited, or
 whose actor is stuck; the real ranks of a replica over two raylets, killed one by one,
@@ -33,14 +33,19 @@ class RankStandIn:
     def __init__(self, running: bool, stuck: bool = False) -> None:
         self.running, self.stuck = running, stuck
         self.release = threading.Event()
+        self.num_asked = 0
 
     def alive(self) -> bool:
+        self.num_asked += 1
         if self.stuck:
             self.release.wait()
         return self.running
 
     def log_tail(self) -> str:
         return "RuntimeError: NCCL timeout on rank 2\n"
+
+    def times_asked(self) -> int:
+        return self.num_asked
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +109,4 @@ def test_a_silent_rank_fails_the_third_check_and_no_check_waits_for_it(
     silent, _, why = problem.partition(" does not answer ")
     assert "2" in silent.removeprefix("rank ").split(", ")  # rank 1 too, if it answered late
     assert why == f"({SLOW_ANSWERS_LIMIT} checks of 0.5 s in a row)"
+    assert ray.get(stuck.times_asked.remote(), timeout=GENEROUS_S) == 1  # waited for, not re-asked
