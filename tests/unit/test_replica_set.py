@@ -59,7 +59,7 @@ def test_cooling_lists_the_replicas_out_of_rotation_but_not_draining_nor_exclude
     a, b, c = rs.replicas("m")
     assert rs.cooling("m") == []
     rs.failed(a), rs.failed(b)
-    b.draining = True
+    rs.set_draining(b)
     assert rs.cooling("m") == [a] and rs.cooling("m", exclude=["a"]) == []
     assert rs.candidates("m") == [c]
 
@@ -133,3 +133,32 @@ def test_set_models_follows_models_added_and_removed():
     rs.update(entries("x", model="a") + entries("y", model="b"))
     assert [r.replica_id for r in rs.replicas()] == ["y"]
     assert rs.replicas("a") == [] and rs.num_healthy("b") == 1
+
+
+def test_the_rotation_kept_between_requests_follows_failures_cool_downs_and_drains(
+    monkeypatch,
+):
+    """Candidates are worked out once and kept: a failure, the end of its cool-down, a
+    drain and a membership update each show at the next request."""
+    import types
+
+    from rayfleet.gateway import replicas
+
+    clock = [1000.0]
+    monkeypatch.setattr(replicas, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    rs = ReplicaSet(["m"], cooldown_s=5.0)
+    rs.update(entries("a", "b", "c"))
+    a, b, c = rs.replicas("m")
+    assert rs.candidates("m") == [a, b, c]
+    rs.candidates("m").clear()  # the caller's own list: the kept one is not touched
+    assert rs.candidates("m") == [a, b, c]
+    rs.failed(a)
+    assert rs.candidates("m") == [b, c]
+    clock[0] += 4.9
+    assert rs.candidates("m") == [b, c]
+    clock[0] += 0.1  # the cool-down is over: nothing else happened
+    assert rs.candidates("m") == [a, b, c]
+    rs.set_draining(b)
+    assert rs.candidates("m") == [a, c] and rs.candidates("m", exclude=["a"]) == [c]
+    rs.update(entries("a", "b"))  # c left; b's entry says nothing of draining
+    assert [r.replica_id for r in rs.candidates("m")] == ["a", "b"]
