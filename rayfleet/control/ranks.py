@@ -43,12 +43,11 @@ import ray
 from rayfleet.config import ModelConfig
 from rayfleet.control.engine import PID_DIR, EngineProcess, free_port
 from rayfleet.control.placement import assigned_gpu_ids, gpu_env, node_bundle
+from rayfleet.control.server_probe import SLOW_ANSWERS_LIMIT
 
 log = logging.getLogger("rayfleet.ranks")
 
 RANK_CALL_TIMEOUT_S = 10.0  # a rank's start and stop
-RANK_ANSWER_TIMEOUT_S = 2.5  # a rank's answer to a health check, unless told
-SLOW_ANSWERS_LIMIT = 3  # checks in a row a live rank's actor may leave unanswered
 SOCKET_IFNAME_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 Rank = dict[str, Any]  # {"rank", "node_id", "node_ip", "pid"}
@@ -154,7 +153,7 @@ class SpanningRanks:
         replica_id: str,
         master_addr: str,
         log_dir: Path,
-        answer_timeout_s: float = RANK_ANSWER_TIMEOUT_S,
+        answer_timeout_s: float,
     ):
         self.model = model
         self.engine_args = dict(engine_args)
