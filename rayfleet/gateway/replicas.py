@@ -172,9 +172,10 @@ class ReplicaSet:
         now = time.monotonic()
         kept = self._rotation.get(model)
         if kept is None or now >= kept[1]:
-            replicas = self._by_model.get(model, ())
-            in_rotation = [r for r in replicas if now >= r.cooldown_until and not r.draining]
-            ends = [r.cooldown_until for r in replicas if r.cooldown_until > now]
+            in_rotation = self._not_draining(model, (), healthy=True, now=now)
+            ends = [
+                r.cooldown_until for r in self._by_model.get(model, ()) if r.cooldown_until > now
+            ]
             kept = self._rotation[model] = (in_rotation, min(ends, default=float("inf")))
         if exclude:
             return [r for r in kept[0] if r.replica_id not in exclude]
@@ -188,10 +189,11 @@ class ReplicaSet:
     def cooling(self, model: str, exclude: Collection[str] = ()) -> list[Replica]:
         """The replicas of ``model`` out of rotation after failing (cooling down), not
         draining and not in ``exclude``: a last resort when no other can serve."""
-        return self._not_draining(model, exclude, healthy=False)
+        return self._not_draining(model, exclude, healthy=False, now=time.monotonic())
 
-    def _not_draining(self, model: str, exclude: Collection[str], healthy: bool) -> list[Replica]:
-        now = time.monotonic()
+    def _not_draining(
+        self, model: str, exclude: Collection[str], healthy: bool, now: float
+    ) -> list[Replica]:
         return [
             r
             for r in self._by_model.get(model, ())
