@@ -56,6 +56,7 @@ from rayfleet.gateway.workers import (
 if TYPE_CHECKING:
     from rayfleet.config import FleetConfig
     from rayfleet.gateway.app import Gateway, Route
+    from rayfleet.gateway.line_writer import LineWriter
     from rayfleet.gateway.policies import Policies
     from rayfleet.gateway.replicas import Entry
 
@@ -252,7 +253,7 @@ def observe_engines(gateway: Gateway, engines: dict[str, dict[str, Any]]) -> Non
         )
 
 
-def _open_access_log(path: str | None) -> logging.Handler:
+def _open_access_log(path: str | None) -> LineWriter:
     from rayfleet.gateway.access_log import open_access_log
 
     return open_access_log(Path(path) if path is not None else None)

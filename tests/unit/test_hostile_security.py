@@ -2,7 +2,7 @@
 replica and a recording fallback provider.
 
 A client's key must reach neither (the upstreams record every header and body they
-got), must not be logged (every record of every logger, the access log included), and
+got), must not be logged (every record of every logger, and the request log), and
 must not show in /rayfleet/status, which also shows no provider key or URL and no prompt.
 A key limited to one model reaches neither another model nor a route to it. Keys are
 compared in constant time: every configured hash is compared, whichever matches.
@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 
 from rayfleet.config import parse_fleet
+from rayfleet.gateway.access_log import close_access_log, open_access_log
 from rayfleet.gateway.auth import hash_key
 from rayfleet.gateway.errors import RequestError
 from rayfleet.gateway.policies import Policies
@@ -77,7 +78,7 @@ async def ask(client, model: str, key: str, stream: bool = False) -> tuple[int, 
         return response.status, {"text": text, "headers": dict(response.headers)}
 
 
-def test_keys_reach_no_upstream_and_no_log(monkeypatch, caplog):
+def test_keys_reach_no_upstream_and_no_log(monkeypatch, caplog, tmp_path):
     async def scenario(served, provider, client):
         answers = [
             await ask(client, "a", ALPHA),
@@ -87,8 +88,12 @@ def test_keys_reach_no_upstream_and_no_log(monkeypatch, caplog):
         ]
         return answers, served.upstream.requests, provider.requests
 
-    with caplog.at_level(logging.DEBUG):
-        answers, replica_got, provider_got = run(scenario, monkeypatch)
+    request_log = open_access_log(tmp_path / "access.log")
+    try:
+        with caplog.at_level(logging.DEBUG):
+            answers, replica_got, provider_got = run(scenario, monkeypatch)
+    finally:
+        close_access_log(request_log)  # its lines held are written
     assert [status for status, _ in answers] == [200, 200, 200, 200]
     assert len(replica_got) == 3 and len(provider_got) == 1
     for _, headers, body in replica_got:
@@ -99,7 +104,8 @@ def test_keys_reach_no_upstream_and_no_log(monkeypatch, caplog):
     assert headers["Authorization"] == f"Bearer {PROVIDER_KEY}"  # its own key, only
     assert ALPHA not in repr(headers) + body.decode()
     logged = "\n".join(r.getMessage() + repr(r.args) for r in caplog.records)
-    assert "rayfleet.access" in {r.name for r in caplog.records}
+    logged += (tmp_path / "access.log").read_text()
+    assert logged.count('"path":"/v1/completions"') == 4  # the request log's lines
     assert ALPHA not in logged and BETA not in logged and PROVIDER_KEY not in logged
 
 
