@@ -41,6 +41,7 @@ import contextlib
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -169,6 +170,25 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
+def add_access_log_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--access-log",
+        action="store_true",
+        help="the gateway writes its request log (to a temporary file) as rayfleet up "
+        "does; without it, none",
+    )
+
+
+def request_log(stack: contextlib.ExitStack, wanted: bool) -> Path | None:
+    """A request log's path in a directory removed when ``stack`` closes; None unless
+    ``wanted``."""
+    if not wanted:
+        return None
+    return Path(
+        stack.enter_context(tempfile.TemporaryDirectory(prefix="rayfleet-log-")), "access.log"
+    )
+
+
 def measure(args: argparse.Namespace) -> list[dict]:
     rows = []
     with (
@@ -186,6 +206,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
                     worker_cpus=gateway_cpus,
                     pool=args.pool,
                     max_in_flight=limit,
+                    access_log=request_log(stack, args.access_log),
                 )
             )
             for limit in args.max_in_flight
@@ -263,6 +284,7 @@ def measured(
     return {
         "workers": args.workers,
         "pool": args.pool or args.workers > 1,
+        "access_log": args.access_log,
         "gateway": summary(output),
         "gateway_cpu_us_per_request": 1e6 * used_s / max(len(output.results), 1),
         "gateway_cpu_share": used_s / output.duration_s,
@@ -324,6 +346,7 @@ def main() -> None:
     )
     parser.add_argument("--duration-s", type=float, default=10.0)
     add_fleet_arguments(parser)
+    add_access_log_argument(parser)
     parser.add_argument(
         "--workers",
         type=int,

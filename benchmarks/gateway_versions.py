@@ -15,6 +15,9 @@ it with a closed loop of ``--in-flight`` streamed completions of 16 tokens (or, 
 ``--rate``, an open loop of Poisson arrivals). Printed per version: req/s, CPU per request
 and TTFT p99 each round, and the median of this tree's per-round ratios to the other's.
 
+``--access-log`` has each gateway write its request log, as ``rayfleet up`` does (to a
+temporary file); without it they keep none.
+
 ``--control`` adds a third gateway: a copy of this tree's ``rayfleet/`` in a directory of
 its own, run in the same rotation. Its ratio to this tree is what the rig reads between two
 identical versions (on 2 cores an A/A pair read 1.10x and 0.92x CPU per request), the floor
@@ -38,8 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gateway_capacity import (
     MODEL,
+    add_access_log_argument,
     add_fleet_arguments,
     pinned_fleet,
+    request_log,
     run,
     summary,
     write_rows,
@@ -66,7 +71,13 @@ def importing_from(root: Path) -> Iterator[None]:
 
 
 def one_round(urls: list[str], root: Path, cpu: int | None, args: argparse.Namespace) -> dict:
-    with importing_from(root), GatewayProcess(urls, MODEL, "least_load", cpu=cpu) as gateway:
+    with (
+        importing_from(root),
+        contextlib.ExitStack() as stack,
+        GatewayProcess(
+            urls, MODEL, "least_load", cpu=cpu, access_log=request_log(stack, args.access_log)
+        ) as gateway,
+    ):
         target = Target(gateway.url, "/v1/completions", MODEL)
         run(target, 200, 1, args.client_processes, args.seed)  # connections made, code warm
         before = gateway.cpu_s()
@@ -106,6 +117,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
             turn = round_no % len(names)  # each version takes each place in the order
             for name in names[turn:] + names[:turn]:
                 row = {"round": round_no, "version": name, "root": str(versions[name])}
+                row["access_log"] = args.access_log
                 row.update(one_round(urls, versions[name], cpu, args))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -168,6 +180,7 @@ def main() -> None:
         "identical versions read on this rig",
     )
     add_fleet_arguments(parser)
+    add_access_log_argument(parser)
     parser.add_argument("--out", type=Path, default=Path("results/gateway_versions.json"))
     args = parser.parse_args()
     if not (args.against / "rayfleet" / "__init__.py").exists():

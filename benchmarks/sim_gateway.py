@@ -17,7 +17,9 @@ a name and options, ``prefix:load_factor=100,alpha=2`` (``routing_options``; the
 uvloop, as ``rayfleet up`` serves it, pinned to ``cpu`` when given. With ``workers``
 above 1, or ``pool``, it runs gateway.workers' pool instead (the process is their
 control), each worker pinned to one of ``worker_cpus``. ``max_in_flight`` sets each
-gateway process's gateway.max_in_flight.
+gateway process's gateway.max_in_flight. ``access_log``, a path, writes the request log
+there as ``rayfleet up`` writes its ``access.log`` (under gateway.workers every worker
+appends to it, as there); without it the gateway keeps none.
 """
 
 from __future__ import annotations
@@ -35,8 +37,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rayfleet.gateway.line_writer import LineWriter
     from rayfleet.sim.fleet import SimFleetProcess
     from rayfleet.sim.spec import EngineSpec
+
+ACCESS_LOG_ENV = "RAYFLEET_BENCH_ACCESS_LOG"  # the gateway process's request log, when set
 
 
 class GatewayProcess:
@@ -51,8 +56,10 @@ class GatewayProcess:
         worker_cpus: list[int] | None = None,
         pool: bool = False,
         max_in_flight: int | None = None,
+        access_log: Path | None = None,
     ):
         self.urls, self.model, self.policy, self.cpu = urls, model, policy, cpu
+        self.access_log = access_log
         self.max_in_flight = max_in_flight  # gateway.max_in_flight (None: the default)
         self.workers, self.worker_cpus = workers, worker_cpus or []
         self.pool = pool or workers > 1  # gateway.workers' pool, even of one worker
@@ -64,7 +71,12 @@ class GatewayProcess:
         argv.append(str(self.cpu) if self.cpu is not None else "")
         argv += [str(self.workers), ",".join(map(str, self.worker_cpus)), str(int(self.pool))]
         argv.append(str(self.max_in_flight or ""))
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, process_group=0)
+        env = dict(os.environ)
+        if self.access_log is not None:
+            env[ACCESS_LOG_ENV] = str(self.access_log)
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, text=True, process_group=0, env=env
+        )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
@@ -209,6 +221,7 @@ def _serve(
         # The replicas' /metrics read every this many seconds; 0: never.
         period = float(os.environ.get("RAYFLEET_BENCH_REPLICA_METRICS_S", PERIOD_S)) or None
         gateway = Gateway([model], source, policies=policies, replica_metrics_period_s=period)
+        request_log = _open_request_log(os.environ.get(ACCESS_LOG_ENV))
         runner = await start_gateway(gateway, "127.0.0.1", 0)
         stalls_path = os.environ.get("RAYFLEET_BENCH_STALLS")  # benchmarks/loop_stalls.py
         stalls = LoopStalls.install(gateway) if stalls_path else None
@@ -219,6 +232,10 @@ def _serve(
         if stalls is not None:
             stalls.write(Path(f"{stalls_path}.{os.getpid()}.json"))
         await runner.cleanup()
+        if request_log is not None:
+            from rayfleet.gateway.access_log import close_access_log
+
+            close_access_log(request_log)
 
     policy, asked = without_workers(policy)
     if asked is not None:  # "prefix:workers=4": this policy behind gateway.workers
@@ -264,7 +281,14 @@ async def _serve_workers(
     async def source() -> list[dict[str, Any]]:
         return entries
 
-    pool = WorkerPool(config, hold_s={}, forwarded=[], access_log=None, log_requests=False)
+    access_log = os.environ.get(ACCESS_LOG_ENV)
+    pool = WorkerPool(
+        config,
+        hold_s={},
+        forwarded=[],
+        access_log=Path(access_log) if access_log else None,
+        log_requests=bool(access_log),
+    )
     gateway = Gateway(
         [model],
         pool.slotted(source),
@@ -284,6 +308,14 @@ async def _serve_workers(
     await pool.stop()
     await runner.cleanup()
     held.close()
+
+
+def _open_request_log(path: str | None) -> LineWriter | None:
+    if not path:
+        return None
+    from rayfleet.gateway.access_log import open_access_log
+
+    return open_access_log(Path(path))
 
 
 if __name__ == "__main__":
