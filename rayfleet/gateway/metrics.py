@@ -10,9 +10,10 @@ times a request.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from rayfleet.gateway.loop_metrics import CountChild, LoopCounter, LoopGauge, LoopHistogram
 
 _LATENCY_BUCKETS_S = (
     0.005,
@@ -37,11 +38,12 @@ _PICK_BUCKETS_S = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter(
+        # The series every request touches are loop_metrics' lock-free ones.
+        self.requests = LoopCounter(
             "rayfleet_requests_total",
             "Requests answered, by model, replica and HTTP status.",
             ["model", "replica", "status"],
-            registry=self.registry,
+            self.registry,
         )
         self.errors = Counter(
             "rayfleet_request_errors_total",
@@ -58,25 +60,25 @@ class GatewayMetrics:
             ["model"],
             registry=self.registry,
         )
-        self.ttfb = Histogram(
+        self.ttfb = LoopHistogram(
             "rayfleet_time_to_first_byte_seconds",
             "From request received to the first response byte from the replica.",
             ["model", "replica"],
-            buckets=_LATENCY_BUCKETS_S,
-            registry=self.registry,
+            self.registry,
+            _LATENCY_BUCKETS_S,
         )
-        self.latency = Histogram(
+        self.latency = LoopHistogram(
             "rayfleet_request_duration_seconds",
             "From request received to the last response byte.",
             ["model", "replica"],
-            buckets=_LATENCY_BUCKETS_S,
-            registry=self.registry,
+            self.registry,
+            _LATENCY_BUCKETS_S,
         )
-        self.inflight = Gauge(
+        self.inflight = LoopGauge(
             "rayfleet_inflight_requests",
             "Requests in flight, by model and replica.",
             ["model", "replica"],
-            registry=self.registry,
+            self.registry,
         )
         self.replicas = Gauge(
             "rayfleet_replicas",
@@ -118,12 +120,12 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
-        self.pick_latency = Histogram(
+        self.pick_latency = LoopHistogram(
             "rayfleet_replica_pick_seconds",
             "Time the replica policy took to pick a replica, by model and policy.",
             ["model", "policy"],
-            buckets=_PICK_BUCKETS_S,
-            registry=self.registry,
+            self.registry,
+            _PICK_BUCKETS_S,
         )
         self.prefix_index_blocks = Gauge(
             "rayfleet_prefix_index_blocks",
@@ -195,7 +197,7 @@ class Series:
         self.latency = metrics.latency.labels(model, replica)
         self._requests = metrics.requests
         self._labels = (model, replica)
-        self._by_status: dict[int, Any] = {}
+        self._by_status: dict[int, CountChild] = {}
 
     def answered(self, status: int) -> None:
         """Count one request answered with ``status`` (rayfleet_requests_total)."""

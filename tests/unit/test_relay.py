@@ -338,7 +338,7 @@ def test_a_client_that_leaves_after_done_is_counted_as_answered_not_as_gone(capl
         metrics = gateway.metrics
         return (
             metrics.errors.labels("m", "client_disconnect")._value.get(),
-            metrics.requests.labels("m", "r0", "200")._value.get(),
+            metrics.requests.labels("m", "r0", "200").value,
         )
 
     with caplog.at_level(logging.DEBUG, logger="aiohttp"):
@@ -356,7 +356,7 @@ def test_a_client_that_leaves_before_done_is_counted_as_gone():
         metrics = gateway.metrics
         return (
             metrics.errors.labels("m", "client_disconnect")._value.get(),
-            metrics.requests.labels("m", "r0", "200")._value.get(),
+            metrics.requests.labels("m", "r0", "200").value,
         )
 
     assert run(scenario) == (1, 0)
