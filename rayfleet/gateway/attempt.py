@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.hdrs import CONTENT_TYPE
 
 from rayfleet.gateway.access_log import note_answer, note_delivered, wants_usage
 from rayfleet.gateway.admission import Admission
@@ -306,11 +307,14 @@ class Attempts:
 def _response_like(exchange: Exchange, label: str, extra: Mapping[str, str]) -> web.StreamResponse:
     """The response to the client, with the upstream's status and type and our headers."""
     response = web.StreamResponse(status=exchange.status)
-    response.content_type = exchange.content_type
-    if exchange.charset:
-        response.charset = exchange.charset
-    response.headers[REPLICA_HEADER] = label
-    response.headers.update(extra)
+    headers = response.headers
+    # The header as aiohttp's content_type and charset setters write it, at a fifth of
+    # their cost (they parse the header back each time).
+    kind, charset = exchange.content_type, exchange.charset
+    headers[CONTENT_TYPE] = f"{kind}; charset={charset}" if charset else kind
+    headers[REPLICA_HEADER] = label
+    if extra:
+        headers.update(extra)
     return response
 
 
