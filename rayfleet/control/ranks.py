@@ -43,7 +43,7 @@ import ray
 from rayfleet.config import ModelConfig
 from rayfleet.control.engine import PID_DIR, EngineProcess, free_port
 from rayfleet.control.placement import assigned_gpu_ids, gpu_env, node_bundle
-from rayfleet.control.server_probe import SLOW_ANSWERS_LIMIT
+from rayfleet.control.server_probe import SlowAnswers
 
 log = logging.getLogger("rayfleet.ranks")
 
@@ -164,7 +164,8 @@ class SpanningRanks:
         self.actors: list[Any] = []  # Ray handles; index i is rank i + 1
         self.ranks: list[Rank] = []
         self.answer_timeout_s = answer_timeout_s
-        self.num_unanswered = 0  # checks in a row some rank's actor left unanswered
+        # checks in a row that some rank's actor left unanswered
+        self.slow = SlowAnswers("its checks", answer_timeout_s, where=f"replica {replica_id}")
         self.unanswered: dict[int, Any] = {}  # index: the question still pending
 
     def args_for(self, rank: int) -> dict[str, Any]:
@@ -250,24 +251,9 @@ class SpanningRanks:
     def _unanswered(self, silent: list[int]) -> str | None:
         """A failure once ranks left ``SLOW_ANSWERS_LIMIT`` checks in a row unanswered."""
         if not silent:
-            self.num_unanswered = 0
+            self.slow.answered()
             return None
-        self.num_unanswered += 1
-        ranks = ", ".join(map(str, silent))
-        if self.num_unanswered >= SLOW_ANSWERS_LIMIT:
-            return (
-                f"rank {ranks} does not answer ({self.num_unanswered} checks of "
-                f"{self.answer_timeout_s:g} s in a row)"
-            )
-        log.warning(
-            "replica %s: rank %s left a check unanswered for %g s (%d of %d in a row)",
-            self.replica_id,
-            ranks,
-            self.answer_timeout_s,
-            self.num_unanswered,
-            SLOW_ANSWERS_LIMIT,
-        )
-        return None
+        return self.slow.unanswered(f"rank {', '.join(map(str, silent))}")
 
     def describe(self, rank0: Rank) -> list[Rank]:
         return [rank0, *self.ranks]

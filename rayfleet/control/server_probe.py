@@ -24,34 +24,57 @@ log = logging.getLogger("rayfleet.replica")
 SLOW_ANSWERS_LIMIT = 3
 
 
+class SlowAnswers:
+    """Checks in a row that ``who`` left unanswered within ``timeout_s``: a problem at
+    ``limit``, a warning on the log before; an answer starts the count again. The replica's
+    /health probe (below) and its ranks' checks (ranks.py) count the same way."""
+
+    def __init__(
+        self, what: str, timeout_s: float, limit: int = SLOW_ANSWERS_LIMIT, where: str = ""
+    ):
+        self.what = what  # what goes unanswered: "/health", "its checks"
+        self.timeout_s = timeout_s
+        self.limit = limit
+        self.where = f"{where}: " if where else ""  # the warning's prefix
+        self.count = 0
+
+    def answered(self) -> None:
+        self.count = 0
+
+    def unanswered(self, who: str) -> str | None:
+        """Count one more; the problem once ``limit`` are in a row, else None."""
+        self.count += 1
+        if self.count >= self.limit:
+            return (
+                f"{who} does not answer {self.what} "
+                f"({self.count} checks of {self.timeout_s:g} s in a row)"
+            )
+        log.warning(
+            "%s%s left %s unanswered for %g s (%d of %d in a row)",
+            self.where,
+            who,
+            self.what,
+            self.timeout_s,
+            self.count,
+            self.limit,
+        )
+        return None
+
+
 class ServerProbe:
     def __init__(
         self, engine: EngineProcess, timeout_s: float, limit: int = SLOW_ANSWERS_LIMIT
     ) -> None:
         self.engine = engine
         self.timeout_s = timeout_s
-        self.limit = limit
-        self.num_unanswered = 0  # probes in a row the live server left unanswered
+        self.slow = SlowAnswers("/health", timeout_s, limit)
 
     def problem(self) -> str | None:
         """Why the server cannot serve, or None (also while it is slow, below the limit)."""
         engine = self.engine
         if engine.healthy(timeout_s=self.timeout_s):  # False at once for an exited one
-            self.num_unanswered = 0
+            self.slow.answered()
             return None
         if not engine.alive():  # exited, before the probe or while it waited
             return f"rank 0 (pid {engine.pid}) has exited"
-        self.num_unanswered += 1
-        if self.num_unanswered >= self.limit:
-            return (
-                f"rank 0 (pid {engine.pid}) does not answer /health "
-                f"({self.num_unanswered} probes of {self.timeout_s:g} s in a row)"
-            )
-        log.warning(
-            "rank 0 (pid %s) left /health unanswered for %g s (%d of %d in a row)",
-            engine.pid,
-            self.timeout_s,
-            self.num_unanswered,
-            self.limit,
-        )
-        return None
+        return self.slow.unanswered(f"rank 0 (pid {engine.pid})")

@@ -19,7 +19,8 @@ import pytest
 import ray
 
 from rayfleet.config import ModelConfig
-from rayfleet.control.ranks import SLOW_ANSWERS_LIMIT, SpanningRanks
+from rayfleet.control.ranks import SpanningRanks
+from rayfleet.control.server_probe import SLOW_ANSWERS_LIMIT
 
 pytestmark = pytest.mark.integration
 
@@ -75,9 +76,9 @@ def spanning(tmp_path: Path, actors: list, timeout_s: float) -> SpanningRanks:
 def test_ranks_that_run_are_no_failure(local_ray: None, tmp_path: Path) -> None:
     ranks = spanning(tmp_path, [RankStandIn.remote(True) for _ in range(3)], GENEROUS_S)
     assert ranks.failure() is None
-    ranks.num_unanswered = SLOW_ANSWERS_LIMIT - 1
+    ranks.slow.count = SLOW_ANSWERS_LIMIT - 1
     assert ranks.failure() is None
-    assert ranks.num_unanswered == 0  # an answered check starts the count again
+    assert ranks.slow.count == 0  # an answered check starts the count again
 
 
 def test_an_exited_rank_is_named_with_its_log(local_ray: None, tmp_path: Path) -> None:
@@ -108,5 +109,5 @@ def test_a_silent_rank_fails_the_third_check_and_no_check_waits_for_it(
     assert problem is not None
     silent, _, why = problem.partition(" does not answer ")
     assert "2" in silent.removeprefix("rank ").split(", ")  # rank 1 too, if it answered late
-    assert why == f"({SLOW_ANSWERS_LIMIT} checks of 0.5 s in a row)"
+    assert why == f"its checks ({SLOW_ANSWERS_LIMIT} checks of 0.5 s in a row)"
     assert ray.get(stuck.times_asked.remote(), timeout=GENEROUS_S) == 1  # waited for, not re-asked

@@ -21,13 +21,13 @@ def test_a_live_server_is_replaced_only_after_the_limit_of_unanswered_probes(tmp
         os.kill(engine.pid, signal.SIGSTOP)
         try:
             assert probe.problem() is None  # slow once: still serving
-            assert probe.problem() is None and probe.num_unanswered == 2
+            assert probe.problem() is None and probe.slow.count == 2
             problem = probe.problem()
-            assert problem is not None and "does not answer /health (3 probes" in problem
+            assert problem is not None and "does not answer /health (3 checks" in problem
         finally:
             os.kill(engine.pid, signal.SIGCONT)
-        probe.num_unanswered = 2
-        assert probe.problem() is None and probe.num_unanswered == 0  # answered: count anew
+        probe.slow.count = 2
+        assert probe.problem() is None and probe.slow.count == 0  # answered: count anew
         engine.stop(grace_s=5)
         problem = probe.problem()
         assert problem is not None and problem.endswith("has exited")  # at once
