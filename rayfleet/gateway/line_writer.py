@@ -17,6 +17,9 @@ here a line is a list append, and the lines go out together:
 So a line reaches the file within ``FLUSH_AFTER_S`` of its request's end; a process
 killed without ``close`` loses at most that much.
 
+A file renamed away (log rotation) is followed: the next batch goes to a new file of the
+name, as logging's WatchedFileHandler does, checked once a batch, not once a line.
+
 Whole lines only: each write system call carries whole lines, at most ``select.PIPE_BUF``
 bytes when the target is not a regular file, so the lines of several processes sharing
 one pipe (gateway workers on a container's standard output) never interleave within a
@@ -41,9 +44,10 @@ FLUSH_BYTES = 64 * 1024
 
 
 class LineWriter:
-    def __init__(self, fd: int, *, owned: bool):
+    def __init__(self, fd: int, *, owned: bool, path: Path | None = None):
         self._fd = fd
         self._owned = owned  # closed with the writer (not standard output)
+        self._path = path  # the file's name, followed when it is rotated
         regular = stat.S_ISREG(os.fstat(fd).st_mode)
         self._max_write = FLUSH_BYTES if regular else select.PIPE_BUF
         self._lines: list[str] = []
@@ -55,9 +59,7 @@ class LineWriter:
 
     @classmethod
     def to_file(cls, path: Path) -> LineWriter:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        return cls(fd, owned=True)
+        return cls(_open_appending(path), owned=True, path=path)
 
     @classmethod
     def to_stdout(cls) -> LineWriter:
@@ -88,6 +90,8 @@ class LineWriter:
         if not self._lines:
             return
         lines, self._lines, self._held = self._lines, [], 0
+        if self._path is not None:
+            self._follow_rotation(self._path)
         for batch in _batches(lines, self._max_write):
             self._write(batch)
 
@@ -99,15 +103,41 @@ class LineWriter:
         if self._owned:
             os.close(self._fd)
 
+    def _follow_rotation(self, path: Path) -> None:
+        """Reopen ``path`` when the file open is no longer under that name (logrotate's
+        rename-and-create; its copytruncate needs nothing): one ``stat`` a batch."""
+        held = os.fstat(self._fd)
+        try:
+            named = os.stat(path)
+            if (named.st_ino, named.st_dev) == (held.st_ino, held.st_dev):
+                return
+        except FileNotFoundError:
+            pass
+        try:
+            fd = _open_appending(path)
+        except OSError as exc:
+            self._warn(f"could not reopen {path} ({exc}); writing on to the file renamed away")
+            return
+        os.close(self._fd)
+        self._fd = fd
+
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
         try:
             while view:
                 view = view[os.write(self._fd, view) :]
         except OSError as exc:
-            if not self._warned:
-                self._warned = True
-                log.warning("request log lines dropped: %s (later failures are not logged)", exc)
+            self._warn(f"lines dropped: {exc}")
+
+    def _warn(self, problem: str) -> None:
+        if not self._warned:  # once: a full disk would otherwise warn every batch
+            self._warned = True
+            log.warning("request log: %s (later failures are not logged)", problem)
+
+
+def _open_appending(path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
 
 def _batches(lines: list[str], max_bytes: int) -> list[bytes]:

@@ -59,6 +59,21 @@ def test_a_full_batch_is_written_without_waiting_for_the_timer(tmp_path):
     writer.close()
 
 
+def test_a_file_rotated_away_is_followed_to_a_new_file_of_its_name(tmp_path):
+    path = tmp_path / "access.log"
+    writer = LineWriter.to_file(path)
+    writer.add("before")
+    path.rename(tmp_path / "access.log.1")  # logrotate's rename, then a new file
+    writer.add("after")
+    assert path.read_text() == "after\n"
+    path.unlink()  # removed outright
+    writer.add("later")
+    writer.close()
+    assert (tmp_path / "access.log.1").read_text() == "before\n"
+    assert path.read_text() == "later\n"
+    assert not (tmp_path / "access.log.2").exists()
+
+
 def test_batches_hold_whole_lines_within_the_limit_and_a_long_line_alone():
     lines = [f"line {i} " + "y" * (i * 37 % 300) for i in range(500)] + ["z" * 9000, "end"]
     batches = _batches(lines, select.PIPE_BUF)
