@@ -157,7 +157,13 @@ def main() -> None:
     parser.add_argument(
         "--against", type=Path, required=True, help="a directory holding the other rayfleet/"
     )
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=4,
+        help="best a multiple of the versions run (2, or 3 with --control): each then takes "
+        "each place in the order as often",
+    )
     parser.add_argument("--duration-s", type=float, default=6.0)
     parser.add_argument("--in-flight", type=int, default=64)
     parser.add_argument(
@@ -185,6 +191,15 @@ def main() -> None:
     args = parser.parse_args()
     if not (args.against / "rayfleet" / "__init__.py").exists():
         parser.error(f"--against: {args.against} holds no rayfleet/ package")
+    num_versions = 3 if args.control else 2
+    if args.rounds < 1:
+        parser.error("--rounds: at least 1")
+    if args.rounds % num_versions:
+        print(
+            f"note: --rounds {args.rounds} is not a multiple of {num_versions} (the versions "
+            "run): some version goes first more often than another",
+            file=sys.stderr,
+        )
     rows = measure(args)
     print_table(rows)
     write_rows(args.out, rows)
