@@ -14,14 +14,14 @@ process with the round's policy in front of the two URLs (sim_gateway.py, the sa
 ``Gateway`` rayfleet serves), and sends the workload through it with ``rayfleet bench``'s
 runner at a Poisson rate; rounds alternate the order of the policies. Workloads
 (rayfleet.bench.workloads, exact token lengths with the tiny model's tokenizer):
-shared-prefix (``GROUPS`` groups x ``PROMPTS_PER_GROUP`` questions, ``--system-tokens`` /
-``--question-tokens`` / ``--output-tokens`` tokens, in a random order), no-reuse (the
-control) and, with ``--scenarios``, chat: sessions of ``CHAT_TURNS`` turns sharing the
-``GROUPS`` system prompts, as many sessions as fill the round, sent to the chat endpoint as
-a closed loop (each turn once the one before has answered, with the answers its session
-got, so the history a server sees is the one it wrote). The servers' ``max_model_len`` is
-the power of two that holds the longest prompt and its output; the tiny model's positions
-stop at ``MAX_POSITIONS``.
+shared-prefix (``--groups`` groups, 8 unless set, x ``PROMPTS_PER_GROUP`` questions,
+``--system-tokens`` / ``--question-tokens`` / ``--output-tokens`` tokens, in a random
+order), no-reuse (the control) and, with ``--scenarios``, chat: sessions of
+``CHAT_TURNS`` turns sharing the ``--groups`` system prompts, as many sessions as fill the
+round, sent to the chat endpoint as a closed loop (each turn once the one before has
+answered, with the answers its session got, so the history a server sees is the one it
+wrote). The servers' ``max_model_len`` is the power of two that holds the longest prompt
+and its output; the tiny model's positions stop at ``MAX_POSITIONS``.
 
 Per policy: the realised hit rate (the increase of vLLM's own ``prefix_cache_hits`` over
 ``prefix_cache_queries`` on both servers during the round; for prefix, beside it in each
@@ -91,13 +91,15 @@ def longest_prompt(shape: WorkloadShape, chat: bool) -> int:
 
 
 def workload_shape(
-    system_len: int, question_len: int, output_len: int, chat: bool
+    system_len: int, question_len: int, output_len: int, chat: bool, groups: int = GROUPS
 ) -> WorkloadShape:
     """The shared-prefix shape; the longest prompt and its output must fit the tiny model's
     positions (a one-line error naming the options otherwise)."""
     if min(system_len, question_len, output_len) < 1:
         sys.exit("error: --system-tokens, --question-tokens and --output-tokens must be >= 1")
-    shape = WorkloadShape(GROUPS, PROMPTS_PER_GROUP, system_len, question_len, output_len)
+    if groups < 2:
+        sys.exit("error: --groups must be >= 2 (one group per server at least)")
+    shape = WorkloadShape(groups, PROMPTS_PER_GROUP, system_len, question_len, output_len)
     if longest_prompt(shape, chat) > MAX_POSITIONS:
         turns = f"{CHAT_TURNS} chat turns of " if chat else ""
         sys.exit(
@@ -114,7 +116,7 @@ def workload(
     if name == "chat":
         sessions = max(1, num_prompts // CHAT_TURNS)
         shape = dataclasses.replace(
-            shape, num_groups=sessions, num_turns=CHAT_TURNS, num_system_prompts=GROUPS
+            shape, num_groups=sessions, num_turns=CHAT_TURNS, num_system_prompts=shape.num_groups
         )
     spec = DatasetSpec(name=name, num_prompts=num_prompts, seed=seed, workload=shape)
     return make_workload(spec, tokenizer)  # type: ignore[arg-type]
@@ -229,6 +231,13 @@ def main() -> None:
         default=OUTPUT_LEN,
         help="tokens of each answer (SGLang's published setting is 256)",
     )
+    parser.add_argument(
+        "--groups",
+        type=int,
+        default=GROUPS,
+        help="shared-prefix's groups (system prompts; chat's sessions share as many); the KV "
+        "cap is --kv-fraction of all of them",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--scenarios",
@@ -248,7 +257,9 @@ def main() -> None:
         sys.exit(f"error: --scenarios {','.join(sorted(unknown))}: not one of {SCENARIOS}")
 
     chat = "chat" in args.scenarios
-    shape = workload_shape(args.system_tokens, args.question_tokens, args.output_tokens, chat)
+    shape = workload_shape(
+        args.system_tokens, args.question_tokens, args.output_tokens, chat, args.groups
+    )
     model = str(make_tiny())
     tokenizer = load_tokenizer(model)
     arguments = engine_args(shape, args.kv_fraction, chat)
