@@ -91,7 +91,7 @@ def longest_prompt(shape: WorkloadShape, chat: bool) -> int:
 
 
 def workload_shape(
-    system_len: int, question_len: int, output_len: int, chat: bool, groups: int = GROUPS
+    groups: int, system_len: int, question_len: int, output_len: int, chat: bool
 ) -> WorkloadShape:
     """The shared-prefix shape; the longest prompt and its output must fit the tiny model's
     positions (a one-line error naming the options otherwise)."""
@@ -258,7 +258,7 @@ def main() -> None:
 
     chat = "chat" in args.scenarios
     shape = workload_shape(
-        args.system_tokens, args.question_tokens, args.output_tokens, chat, args.groups
+        args.groups, args.system_tokens, args.question_tokens, args.output_tokens, chat
     )
     model = str(make_tiny())
     tokenizer = load_tokenizer(model)
