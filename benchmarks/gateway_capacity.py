@@ -44,6 +44,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -145,13 +146,13 @@ def summary(output: RunOutput) -> dict[str, float]:
 
 @contextlib.contextmanager
 def pinned_fleet(
-    num_replicas: int, num_sims: int, num_workers: int
+    num_replicas: int, num_sims: int, num_workers: int, kind: str = "sim"
 ) -> Iterator[tuple[list[str], list[int] | None]]:
-    """Zero-cost simulated replicas over ``num_sims`` processes, each simulator process
-    and this process (the client) pinned as ``placement`` says: (the replicas' urls, a
-    core per gateway process or None)."""
+    """Zero-cost simulated replicas (or, with ``kind`` "canned", canned_replica.py's) over
+    ``num_sims`` processes, each of them and this process (the client) pinned as
+    ``placement`` says: (the replicas' urls, a core per gateway process or None)."""
     gateway_cpus, sim_cpus, client_cpus = placement(num_sims, num_workers)
-    with sim_fleets(ZERO_COST, num_replicas, num_sims) as fleets:
+    with replica_processes(kind, num_replicas, num_sims) as fleets:
         for n, fleet in enumerate(fleets):
             if sim_cpus is not None and fleet.proc is not None:
                 os.sched_setaffinity(fleet.proc.pid, {sim_cpus[n]})
@@ -160,11 +161,34 @@ def pinned_fleet(
         yield [url for fleet in fleets for url in fleet.urls], gateway_cpus
 
 
+@contextlib.contextmanager
+def replica_processes(kind: str, num_replicas: int, num_processes: int) -> Iterator[list[Any]]:
+    """``num_replicas`` replicas of ``kind`` over ``num_processes`` processes, each with
+    ``urls`` and ``proc``: the zero-cost simulator ("sim") or canned_replica.py ("canned")."""
+    if kind == "sim":
+        with sim_fleets(ZERO_COST, num_replicas, num_processes) as fleets:
+            yield fleets
+        return
+    from canned_replica import CannedReplicasProcess
+
+    shares = [len(range(i, num_replicas, num_processes)) for i in range(num_processes)]
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(CannedReplicasProcess(n)) for n in shares if n]
+
+
 def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of the simulated fleet and the client, shared with gateway_scaling.py."""
     parser.add_argument("--replicas", type=int, default=64)
     parser.add_argument(
         "--sim-processes", type=int, default=1, help="simulator processes, a core each"
+    )
+    parser.add_argument(
+        "--replicas-from",
+        choices=["sim", "canned"],
+        default="sim",
+        help="sim: zero-cost simulated replicas (rayfleet sim); canned: canned_replica.py, "
+        "a server that streams the same bytes for a fraction of the simulator's CPU and "
+        "models nothing (for gateway.workers' scaling, where the simulator is the ceiling)",
     )
     parser.add_argument("--client-processes", type=int, default=max(1, (os.cpu_count() or 1) - 2))
     parser.add_argument("--seed", type=int, default=0)
@@ -191,10 +215,8 @@ def request_log(stack: contextlib.ExitStack, wanted: bool) -> Path | None:
 
 def measure(args: argparse.Namespace) -> list[dict]:
     rows = []
-    with (
-        pinned_fleet(args.replicas, args.sim_processes, args.workers) as (urls, gateway_cpus),
-        contextlib.ExitStack() as stack,
-    ):
+    fleet = pinned_fleet(args.replicas, args.sim_processes, args.workers, args.replicas_from)
+    with fleet as (urls, gateway_cpus), contextlib.ExitStack() as stack:
         gateways = {
             limit: stack.enter_context(
                 GatewayProcess(

@@ -175,7 +175,8 @@ def cpu_columns(used: list[float], num_requests: int, duration_s: float) -> dict
 def measure(args: argparse.Namespace) -> list[dict]:
     counts = sorted(set(args.workers))
     rows: list[dict] = []
-    with pinned_fleet(args.replicas, args.sim_processes, max(counts)) as (urls, gateway_cpus):
+    fleet = pinned_fleet(args.replicas, args.sim_processes, max(counts), args.replicas_from)
+    with fleet as (urls, gateway_cpus):
         for round_no in range(args.rounds):
             for workers in counts if round_no % 2 == 0 else counts[::-1]:
                 for kind in args.kinds if round_no % 2 == 0 else args.kinds[::-1]:

@@ -110,7 +110,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
     with contextlib.ExitStack() as stack:
         if args.control:
             versions["control"] = stack.enter_context(copy_of_this_tree())
-        urls, gateway_cpus = stack.enter_context(pinned_fleet(args.replicas, args.sim_processes, 1))
+        fleet = pinned_fleet(args.replicas, args.sim_processes, 1, args.replicas_from)
+        urls, gateway_cpus = stack.enter_context(fleet)
         cpu = gateway_cpus[0] if gateway_cpus else None
         names = list(versions)
         for round_no in range(args.rounds):
