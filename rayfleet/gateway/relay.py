@@ -15,7 +15,10 @@ body goes out with the body's end (the last chunk and the terminator, through ai
 
 A stream's head goes out as soon as it came, unless its first piece came with it: the
 client learns at once that the replica took the request (a request waiting in vLLM's
-queue shows its 200 before its first token).
+queue shows its 200 before its first token). Once the head is out, the protocol's
+callback writes every read, the first token's too: a first token that comes after the
+head does not wait for the handler's task to be woken and run (a turn of the event loop,
+which under load is most of what the gateway adds to the time to first token).
 
 ``RelayConnection`` is one keep-alive connection to a replica and, while it carries a
 request, the ``Exchange`` of upstream.py: ``RelayPool`` (relay_pool.py) calls ``start``
@@ -83,7 +86,6 @@ class RelayConnection(asyncio.Protocol):
         self._head: asyncio.Future[None] = loop.create_future()
         self._head.add_done_callback(_retrieve)  # a failure nobody waits for is not news
         self._done: asyncio.Future[Outcome] = loop.create_future()
-        self._first: asyncio.Future[None] | None = None
         self._pieces: list[bytes] = []
         self._kept: list[bytes] | None = None  # the body's first pieces, when kept
         self._kept_room = 0  # bytes more it may keep
@@ -139,15 +141,13 @@ class RelayConnection(asyncio.Protocol):
         if self._kept is not None and self._kept_room > 0:  # the body's beginning
             self._kept.append(piece[: self._kept_room])
             self._kept_room -= len(piece)
+        if not self.first_byte_at:
+            self.first_byte_at = time.perf_counter()
         sink = self._sink
         if sink is not None:
             sink(piece)
             return
-        if not self.first_byte_at:
-            self.first_byte_at = time.perf_counter()
         self._pieces.append(piece)
-        if self._first is not None and not self._first.done():
-            self._first.set_result(None)
 
     def on_message_complete(self) -> None:
         self._complete = True
@@ -200,10 +200,12 @@ class RelayConnection(asyncio.Protocol):
 
         The pieces are framed as HTTP/1.1 chunks when the response has chunked encoding
         enabled (``enable_chunked_encoding``, before ``prepare``), and written as they are
-        otherwise (for an HTTP/1.0 client, whose response ends when the connection closes)."""
-        if not self._pieces and not self._done.done():
-            self._first = self._loop.create_future()
-            await self._first  # the first piece, or the end (``_settle`` resolves it too)
+        otherwise (for an HTTP/1.0 client, whose response ends when the connection closes).
+
+        Without pieces in hand the head is out already (``relay`` holds it back only for
+        pieces), so every read from then on, the first token's too, goes to the client
+        from ``data_received``: the first token does not wait for this task's next turn
+        of the loop."""
         if self._pieces:
             # The first write goes through aiohttp so that the headers go out with it, and
             # the end of the body too when the whole response is here.
@@ -350,8 +352,6 @@ class RelayConnection(asyncio.Protocol):
         self._sink = None  # nothing after the end of a response goes to this client
         if not self._done.done():
             self._done.set_result(outcome)
-        if self._first is not None and not self._first.done():
-            self._first.set_result(None)
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:
