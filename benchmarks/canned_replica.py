@@ -105,8 +105,8 @@ class Replica:
             f'vllm:num_requests_running{{model_name="canned"}} {self.open_streams}\n'
             "# TYPE vllm:num_requests_waiting gauge\n"
             'vllm:num_requests_waiting{model_name="canned"} 0\n'
-            "# TYPE vllm:gpu_cache_usage_perc gauge\n"
-            'vllm:gpu_cache_usage_perc{model_name="canned"} 0\n'
+            "# TYPE vllm:kv_cache_usage_perc gauge\n"
+            'vllm:kv_cache_usage_perc{model_name="canned"} 0\n'
         )
         return whole("200 OK", "text/plain; version=0.0.4", text.encode())
 
