@@ -36,6 +36,7 @@ class Upstream:
         self.entered = asyncio.Event()
         self.stall = False
         self.linger = False  # between [DONE] and the end of the response
+        self.first_token: asyncio.Event | None = None  # set: the first token waits for it
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         self.headers.append(request.headers.copy())
@@ -45,6 +46,8 @@ class Upstream:
             return web.json_response({"object": "text_completion", "usage": USAGE})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        if self.first_token is not None:
+            await self.first_token.wait()
         await response.write(b'data: {"choices":[{"text":"a"}]}\n\n')
         if self.stall:
             await asyncio.sleep(60)
@@ -139,6 +142,23 @@ def test_a_stream_gets_a_made_id_forwarded_upstream_and_its_usage_logged(tmp_pat
         assert upstream.headers[0]["x-request-id"] == made
         [line] = await lines(path, 1)
         assert (line["request_id"], line["status"], line["replica"]) == (made, 200, "r0")
+        assert (line["prompt_tokens"], line["completion_tokens"]) == (5, 7)
+
+    run(scenario, tmp_path)
+
+
+def test_a_first_token_that_comes_after_the_head_is_timed(tmp_path):
+    # The head reaches the client before the first token leaves the replica, so the relay
+    # passes the first token on from its protocol callback, not from the handler's task.
+    async def scenario(client, url, upstream, path):
+        upstream.first_token = asyncio.Event()
+        body = {"model": "m", "prompt": PROMPT, "stream": True}
+        async with client.post(f"{url}/v1/completions", json=body) as response:
+            assert response.status == 200
+            upstream.first_token.set()
+            assert b'"text":"a"' in await response.read()
+        [line] = await lines(path, 1)
+        assert 0 < line["ttft_s"] <= line["duration_s"] < 10
         assert (line["prompt_tokens"], line["completion_tokens"]) == (5, 7)
 
     run(scenario, tmp_path)
