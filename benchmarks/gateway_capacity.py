@@ -32,6 +32,11 @@ other rate; requests refused with its 503 are counted apart from failures.
 ``--max-connections N`` caps the open loop's client at N connections (``rayfleet bench
 --max-connections``), as an application's HTTP pool does: past the gateway's capacity,
 requests then wait in the client, not in the kernel's accept queue.
+
+``--replicas-from canned`` (here, in gateway_scaling.py and gateway_versions.py) puts
+canned_replica.py's replicas in the simulator's place: the same bytes for about half the
+simulator's CPU a request, and no engine model at all; for measuring the gateway where
+the simulator would be the ceiling, never for anything about the replicas.
 """
 
 from __future__ import annotations
