@@ -185,7 +185,10 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of the simulated fleet and the client, shared with gateway_scaling.py."""
     parser.add_argument("--replicas", type=int, default=64)
     parser.add_argument(
-        "--sim-processes", type=int, default=1, help="simulator processes, a core each"
+        "--sim-processes",
+        type=int,
+        default=1,
+        help="simulator processes (or canned-replica ones, --replicas-from), a core each",
     )
     parser.add_argument(
         "--replicas-from",
