@@ -22,7 +22,9 @@ single-process gateways, each on a port and a core of its own and sharing nothin
 driven by its own share of the client processes at once. If their CPU per request also
 grows with N, the cause is the machine (caches, memory, the hypervisor), not what
 gateway.workers' processes share. Each row also splits the gateway CPU into user and
-system time.
+system time, and a gateway.workers row counts the gateway's read and write system calls
+a request (``gateway_reads_per_request``: a read takes one token or several, as many as
+wait in the socket, so this tells how much a busy rig batches the stream).
 
 ``--kinds rayfleet,bare`` runs, in the same rounds, N copies of bare_relay.py beside the
 gateway (always independent: the bare relay has no workers): what a Python process that
@@ -81,14 +83,21 @@ def one_round(
     ) as gateway:
         target = Target(gateway.url, "/v1/completions", MODEL)
         run(target, 200, 1, args.client_processes, args.seed)  # connections made, code warm
-        before = gateway.cpu_times()
+        before, calls_before = gateway.cpu_times(), gateway.syscalls()
         output = drive(target, workers, args.client_processes, args)
         used = [b - a for a, b in zip(before, gateway.cpu_times(), strict=True)]
+        calls = [b - a for a, b in zip(calls_before, gateway.syscalls(), strict=True)]
     result = summary(output)
     if args.rate_per_gateway:
         in_flight = None
-    return {"kind": "rayfleet", "workers": workers, "in_flight": in_flight, **result} | cpu_columns(
-        used, len(output.results), output.duration_s
+    num = max(len(output.results), 1)
+    return (
+        {"kind": "rayfleet", "workers": workers, "in_flight": in_flight, **result}
+        | cpu_columns(used, len(output.results), output.duration_s)
+        | {
+            "gateway_reads_per_request": calls[0] / num,
+            "gateway_writes_per_request": calls[1] / num,
+        }
     )
 
 
