@@ -75,13 +75,13 @@ class Stream:
         self.chunks = Chunks(str(body.get("model", "")), is_chat)
         self.count = 0
         self.max_tokens = int(body.get("max_tokens") or _DEFAULT_TOKENS)
-        tail = []
+        self.tail = chunk(DONE) + b"0\r\n\r\n"
         if (body.get("stream_options") or {}).get("include_usage"):
             usage = {"prompt_tokens": 1, "completion_tokens": self.max_tokens,
                      "total_tokens": 1 + self.max_tokens,
                      "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
-            tail.append(chunk(sse_event({**self.chunks.head, "choices": [], "usage": usage})))
-        self.tail = b"".join(tail) + chunk(DONE) + b"0\r\n\r\n"
+            usage_event = sse_event({**self.chunks.head, "choices": [], "usage": usage})
+            self.tail = chunk(usage_event) + self.tail
 
     def step(self) -> bool:
         """Write the next token (with the stream's end after the last); False once done."""

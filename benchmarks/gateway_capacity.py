@@ -55,7 +55,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sim_gateway import GatewayProcess, sim_fleets
+from sim_gateway import GatewayProcess, shares, sim_fleets
 
 from rayfleet.bench.client import Target
 from rayfleet.bench.datasets import Prompt
@@ -176,9 +176,11 @@ def replica_processes(kind: str, num_replicas: int, num_processes: int) -> Itera
         return
     from canned_replica import CannedReplicasProcess
 
-    shares = [len(range(i, num_replicas, num_processes)) for i in range(num_processes)]
     with contextlib.ExitStack() as stack:
-        yield [stack.enter_context(CannedReplicasProcess(n)) for n in shares if n]
+        yield [
+            stack.enter_context(CannedReplicasProcess(n))
+            for n in shares(num_replicas, num_processes)
+        ]
 
 
 def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:

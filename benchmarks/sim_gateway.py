@@ -32,7 +32,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -96,32 +96,39 @@ class GatewayProcess:
 
     def cpu_times(self) -> tuple[float, float]:
         """(user, system) CPU seconds of the gateway and its worker processes so far."""
-        import psutil
-
-        main = psutil.Process(self.pid)
-        user = system = 0.0
-        for process in [main, *main.children(recursive=True)]:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                times = process.cpu_times()
-                user, system = user + times.user, system + times.system
-        return user, system
+        return self._summed(_user_and_system)
 
     def syscalls(self) -> tuple[int, int]:
         """(read, write) system calls of the gateway and its worker processes so far (Linux's
         /proc/PID/io: read() and write() of every kind, sockets included; not epoll)."""
+        reads, writes = self._summed(_reads_and_writes)
+        return int(reads), int(writes)
+
+    def _summed(self, pair: Callable[[Any], tuple[float, float]]) -> tuple[float, float]:
+        """``pair`` of the gateway process and of each of its workers, added up."""
         import psutil
 
         main = psutil.Process(self.pid)
-        reads = writes = 0
+        first = second = 0.0
         for process in [main, *main.children(recursive=True)]:
             with contextlib.suppress(psutil.NoSuchProcess):
-                counts = process.io_counters()
-                reads, writes = reads + counts.read_count, writes + counts.write_count
-        return reads, writes
+                a, b = pair(process)
+                first, second = first + a, second + b
+        return first, second
 
     def metrics(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as response:
             return str(response.read().decode())
+
+
+def _user_and_system(process: Any) -> tuple[float, float]:
+    times = process.cpu_times()
+    return times.user, times.system
+
+
+def _reads_and_writes(process: Any) -> tuple[float, float]:
+    counts = process.io_counters()
+    return counts.read_count, counts.write_count
 
 
 @contextlib.contextmanager
@@ -132,9 +139,17 @@ def sim_fleets(
     processes (the first ones one more where they do not divide), all stopped on exit."""
     from rayfleet.sim.fleet import SimFleetProcess
 
-    per_process = [len(range(i, num_replicas, num_processes)) for i in range(num_processes)]
     with contextlib.ExitStack() as stack:
-        yield [stack.enter_context(SimFleetProcess(spec, n)) for n in per_process if n]
+        yield [
+            stack.enter_context(SimFleetProcess(spec, n))
+            for n in shares(num_replicas, num_processes)
+        ]
+
+
+def shares(num_replicas: int, num_processes: int) -> list[int]:
+    """Replicas a process, the first ones one more where they do not divide; no zeros."""
+    counts = [len(range(i, num_replicas, num_processes)) for i in range(num_processes)]
+    return [n for n in counts if n]
 
 
 def get_json(url: str, method: str = "GET") -> Any:
