@@ -1,6 +1,6 @@
 """Canned replicas: the cheapest server that streams like the simulator. Not a simulator.
 
-    with CannedReplicasProcess(num_replicas=32, cpu=5) as canned:   # canned.urls
+    with CannedReplicasProcess(num_replicas=32) as canned:   # canned.urls, canned.proc
         ...
 
 For measuring how gateway.workers scales, not for anything about routing or engines. The
@@ -213,18 +213,16 @@ async def serve(num_replicas: int) -> None:
 
 
 class CannedReplicasProcess:
-    """``num_replicas`` canned replicas in a process of their own, on ``cpu`` when given;
-    ``urls`` once they listen. ``proc`` is the process (``SimFleetProcess``'s names)."""
+    """``num_replicas`` canned replicas in a process of their own; ``urls`` once they
+    listen. ``proc`` is the process (``SimFleetProcess``'s names), for pinning."""
 
-    def __init__(self, num_replicas: int, cpu: int | None = None):
-        self.num_replicas, self.cpu = num_replicas, cpu
+    def __init__(self, num_replicas: int):
+        self.num_replicas = num_replicas
         self.urls: list[str] = []
 
     def __enter__(self) -> CannedReplicasProcess:
         argv = [sys.executable, __file__, str(self.num_replicas)]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, process_group=0)
-        if self.cpu is not None:
-            os.sched_setaffinity(self.proc.pid, {self.cpu})
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
