@@ -35,8 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import httptools
@@ -221,7 +220,7 @@ class FrontProtocol(BaseProtocol):
         if self.task is None:
             if request is None or request.body_complete:
                 self._request = None
-                self._next(eager=True)
+                self._next()
         elif len(self._buffer) > _MAX_PIPELINED_BYTES and self.transport is not None:
             self.transport.pause_reading()  # resumed after the answer under way
 
@@ -249,10 +248,9 @@ class FrontProtocol(BaseProtocol):
 
     # -- requests ---------------------------------------------------------------------
 
-    def _next(self, eager: bool = False) -> None:
+    def _next(self) -> None:
         """Take the next whole head in the buffer: answer it, or hand the connection to
-        aiohttp. ``eager`` (on bytes just received): the answer's first step runs now
-        (``started``), not from a task on the loop's next turn."""
+        aiohttp."""
         buffer = self._buffer
         end = buffer.find(b"\r\n\r\n")
         if end < 0:
@@ -269,13 +267,8 @@ class FrontProtocol(BaseProtocol):
         rest = request.receive(bytes(buffer[head_end:]))
         self._buffer = bytearray(rest)
         self._request = request
-        answer = self._answer(request, self.front.routes[path])
-        if not eager:
-            self.task = self.front.loop.create_task(answer)
-            return
-        task = started(answer, self.front.loop)
-        if not task.done():  # else its _done ran, and the next request's task may be set
-            self.task = task
+        handler = self.front.routes[path]
+        self.task = self.front.loop.create_task(self._answer(request, handler))
 
     def _parse(self, head: bytes) -> tuple[bytes, CIMultiDict[str], int, bool] | None:
         """The head of a request the front answers itself; None for any other."""
@@ -388,18 +381,6 @@ class FrontProtocol(BaseProtocol):
             self._idle = self.front.loop.call_later(left, self._idle_out)
         else:
             self.close()
-
-
-def started(coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop) -> asyncio.Task[None]:
-    """A task of ``coro`` that has run up to its first wait, on Python 3.12 and later
-    (the task's eager start); on 3.11 one that starts on the loop's next turn.
-
-    Under load a turn of the loop is most of what the gateway adds to the time to first
-    token: started here, a request reaches its replica within the read that brought it.
-    A request answered without a wait (a 401) is done when this returns."""
-    if sys.version_info >= (3, 12):
-        return asyncio.Task(coro, loop=loop, eager_start=True)
-    return loop.create_task(coro)
 
 
 class FrontSite(web.SockSite):

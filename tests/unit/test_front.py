@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
-
-import pytest
-import uvloop
 
 from rayfleet.config import parse_fleet
 from rayfleet.gateway.auth import hash_key
-from rayfleet.gateway.front import Front, FrontSite, started
+from rayfleet.gateway.front import Front, FrontSite
 from rayfleet.gateway.policies import Policies
 from tests.unit.hostile import (
     HEALTH,
@@ -231,29 +227,7 @@ def test_connections_without_a_whole_request_close_after_the_idle_timeout():
     assert first.status == 200 and ends == [b"", b""]
 
 
-@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
-def test_a_started_task_has_run_to_its_first_wait_where_python_starts_tasks_eagerly(run):
-    steps: list[str] = []
-
-    async def answer() -> None:
-        steps.append("up to the wait")
-        await asyncio.sleep(0)
-        steps.append("after it")
-
-    async def main() -> tuple[list[str], list[str]]:
-        task = started(answer(), asyncio.get_running_loop())
-        at_return = list(steps)
-        await task
-        return at_return, steps
-
-    at_return, after = run(main())
-    assert at_return == (["up to the wait"] if sys.version_info >= (3, 12) else [])
-    assert after == ["up to the wait", "after it"]
-
-
 def test_a_thousand_pipelined_refusals_in_one_write_are_all_answered():
-    # Where a refusal is answered within its task's eager start, the next request's task
-    # is started on the loop's next turn, not from inside the one before: no recursion.
     fleet = parse_fleet(
         {
             "gateway": {"api_keys": [{"name": "k", "key_sha256": hash_key("sk-0123456789ab")}]},
