@@ -28,12 +28,12 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 from urllib.parse import urlsplit
 
 import httptools
 import uvloop
+from child_server import start_server, stop_server
 
 
 class ReplicaConnection(asyncio.Protocol):
@@ -172,19 +172,13 @@ class BareRelayProcess:
     def __enter__(self) -> BareRelayProcess:
         cpu = str(self.cpu) if self.cpu is not None else ""
         argv = [sys.executable, __file__, json.dumps(self.urls), cpu]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, process_group=0)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the bare relay exited ({self.proc.wait()}) before serving")
+        self.proc, line = start_server(argv, "the bare relay")
         self.url = f"http://127.0.0.1:{int(line)}"
         self.pid = self.proc.pid
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
+        stop_server(self.proc)
 
     def cpu_times(self) -> tuple[float, float]:
         """(user, system) CPU seconds of the relay so far."""

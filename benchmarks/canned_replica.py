@@ -29,12 +29,9 @@ each) on one uvloop loop; it prints their URLs as one JSON line once all listen.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import signal
 import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,6 +40,8 @@ import httptools
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from child_server import start_server, stop_server
 
 from rayfleet.sim.server import DONE, Chunks, sse_event
 
@@ -222,19 +221,12 @@ class CannedReplicasProcess:
 
     def __enter__(self) -> CannedReplicasProcess:
         argv = [sys.executable, __file__, str(self.num_replicas)]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, process_group=0)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the canned replicas exited ({self.proc.wait()}) before serving")
+        self.proc, line = start_server(argv, "the canned replicas")
         self.urls = json.loads(line)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
+        stop_server(self.proc)
 
 
 def main() -> None:

@@ -29,12 +29,13 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from child_server import start_server, stop_server
 
 if TYPE_CHECKING:
     from rayfleet.gateway.line_writer import LineWriter
@@ -74,21 +75,13 @@ class GatewayProcess:
         env = dict(os.environ)
         if self.access_log is not None:
             env[ACCESS_LOG_ENV] = str(self.access_log)
-        self.proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, text=True, process_group=0, env=env
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the gateway process exited ({self.proc.wait()}) before serving")
+        self.proc, line = start_server(argv, "the gateway process", env)
         self.url = f"http://127.0.0.1:{int(line)}"
         self.pid = self.proc.pid
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
+        stop_server(self.proc)
 
     def cpu_s(self) -> float:
         """User + system CPU seconds of the gateway and its worker processes so far."""
