@@ -96,6 +96,32 @@ def placement(
     return gateway, rest[:num_sims], set(rest[num_sims:])
 
 
+def busy_cores(roles: dict[str, set[int]]) -> Callable[[], dict[str, float]]:
+    """Starts counting each role's cores (psutil's per-core times): the function returned
+    gives, per role, how many of its cores were busy on average since (user, system, irq
+    and the rest; not idle, iowait or steal), as ``{role}_cores_busy``."""
+    import psutil
+
+    def busy_and_all() -> list[tuple[float, float]]:
+        return [
+            (sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "steal", 0.0), sum(t))
+            for t in psutil.cpu_times(percpu=True)
+        ]
+
+    before = busy_and_all()
+
+    def since() -> dict[str, float]:
+        after = busy_and_all()
+
+        def share(core: int) -> float:
+            elapsed = after[core][1] - before[core][1]
+            return (after[core][0] - before[core][0]) / elapsed if elapsed > 0 else 0.0
+
+        return {f"{role}_cores_busy": sum(map(share, cores)) for role, cores in roles.items()}
+
+    return since
+
+
 def thread_siblings(core: int) -> set[int]:
     """The hardware threads of ``core``'s physical core, itself included (Linux sysfs)."""
     path = Path(f"/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list")

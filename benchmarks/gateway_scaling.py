@@ -24,7 +24,11 @@ grows with N, the cause is the machine (caches, memory, the hypervisor), not wha
 gateway.workers' processes share. Each row also splits the gateway CPU into user and
 system time, and a gateway.workers row counts the gateway's read and write system calls
 a request (``gateway_reads_per_request``: a read takes one token or several, as many as
-wait in the socket, so this tells how much a busy rig batches the stream).
+wait in the socket, so this tells how much a busy rig batches the stream). Where every
+role has cores of its own, each row also says how many of the replicas' and the client's
+cores were busy while it ran (``replicas_cores_busy``, ``client_cores_busy``, psutil's
+per-core times; the table's last two columns): a rig whose cores are all busy is the
+ceiling, not the gateway.
 
 ``--kinds rayfleet,bare`` runs, in the same rounds, N copies of bare_relay.py beside the
 gateway (always independent: the bare relay has no workers): what a Python process that
@@ -43,6 +47,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import multiprocessing as mp
 import statistics
 import sys
@@ -55,7 +60,9 @@ from bare_relay import BareRelayProcess
 from gateway_capacity import (
     MODEL,
     add_fleet_arguments,
+    busy_cores,
     pinned_fleet,
+    placement,
     run,
     summary,
     write_rows,
@@ -67,10 +74,9 @@ from rayfleet.bench.client import Target
 from rayfleet.bench.drive import RunOutput
 
 
-def one_round(
-    urls: list[str], workers: int, cpus: list[int] | None, args: argparse.Namespace
-) -> dict:
+def one_round(urls: list[str], workers: int, rig: Rig, args: argparse.Namespace) -> dict:
     """A fresh gateway of ``workers`` processes, warmed, then driven (``drive``)."""
+    cpus = rig.gateway_cpus
     in_flight = args.in_flight_per_worker * workers
     with GatewayProcess(
         urls,
@@ -84,7 +90,9 @@ def one_round(
         target = Target(gateway.url, "/v1/completions", MODEL)
         run(target, 200, 1, args.client_processes, args.seed)  # connections made, code warm
         before, calls_before = gateway.cpu_times(), gateway.syscalls()
+        rig_busy = busy_cores(rig.roles)
         output = drive(target, workers, args.client_processes, args)
+        rig_columns = rig_busy()
         used = [b - a for a, b in zip(before, gateway.cpu_times(), strict=True)]
         calls = [b - a for a, b in zip(calls_before, gateway.syscalls(), strict=True)]
     result = summary(output)
@@ -98,6 +106,7 @@ def one_round(
             "gateway_reads_per_request": calls[0] / num,
             "gateway_writes_per_request": calls[1] / num,
         }
+        | rig_columns
     )
 
 
@@ -114,11 +123,12 @@ def drive(target: Target, count: int, processes: int, args: argparse.Namespace) 
 
 
 def independent_round(
-    urls: list[str], count: int, cpus: list[int] | None, args: argparse.Namespace, kind: str
+    urls: list[str], count: int, rig: Rig, args: argparse.Namespace, kind: str
 ) -> dict:
     """``count`` single-process gateways (``kind`` rayfleet) or bare relays (bare) sharing
     nothing, each driven by its own share of the client processes at the same time: the
     control for one_round."""
+    cpus = rig.gateway_cpus
     with contextlib.ExitStack() as stack:
         gateways: list[GatewayProcess | BareRelayProcess] = [
             stack.enter_context(
@@ -132,6 +142,7 @@ def independent_round(
         for gateway in gateways:
             run(Target(gateway.url, "/v1/completions", MODEL), 200, 1, processes, args.seed)
         before = [gateway.cpu_times() for gateway in gateways]
+        rig_busy = busy_cores(rig.roles)
         context = mp.get_context("spawn")
         queue: Any = context.Queue()
         clients = [
@@ -141,24 +152,29 @@ def independent_round(
         for client in clients:
             client.start()
         shares = [queue.get() for _ in clients]
+        rig_columns = rig_busy()
         for client in clients:
             client.join()
         after = [gateway.cpu_times() for gateway in gateways]
     used = [sum(b[i] - a[i] for a, b in zip(before, after, strict=True)) for i in range(2)]
     num = sum(share["num_results"] for share in shares)
     duration_s = max(share["duration_s"] for share in shares)
-    return {
-        "kind": kind,
-        "workers": count,
-        "independent": True,
-        "in_flight": None if args.rate_per_gateway else args.in_flight_per_worker * count,
-        "achieved_rps": sum(share["achieved_rps"] for share in shares),
-        "num_failed": sum(share["num_failed"] for share in shares),
-        "num_refused": sum(share["num_refused"] for share in shares),
-        "ttft_p50_ms": max(share["ttft_p50_ms"] for share in shares),
-        "ttft_p99_ms": max(share["ttft_p99_ms"] for share in shares),
-        "per_gateway_rps": [share["achieved_rps"] for share in shares],
-    } | cpu_columns(used, num, duration_s)
+    return (
+        {
+            "kind": kind,
+            "workers": count,
+            "independent": True,
+            "in_flight": None if args.rate_per_gateway else args.in_flight_per_worker * count,
+            "achieved_rps": sum(share["achieved_rps"] for share in shares),
+            "num_failed": sum(share["num_failed"] for share in shares),
+            "num_refused": sum(share["num_refused"] for share in shares),
+            "ttft_p50_ms": max(share["ttft_p50_ms"] for share in shares),
+            "ttft_p99_ms": max(share["ttft_p99_ms"] for share in shares),
+            "per_gateway_rps": [share["achieved_rps"] for share in shares],
+        }
+        | cpu_columns(used, num, duration_s)
+        | rig_columns
+    )
 
 
 def client_share(url: str, processes: int, args: argparse.Namespace, queue: Any) -> None:
@@ -168,6 +184,19 @@ def client_share(url: str, processes: int, args: argparse.Namespace, queue: Any)
     queue.put(
         summary(output) | {"num_results": len(output.results), "duration_s": output.duration_s}
     )
+
+
+class Rig:
+    """Where the processes run (gateway_capacity.placement): a core per gateway process,
+    and the replicas' and the client's cores whose busy share each row reports
+    (``replicas_cores_busy``, ``client_cores_busy``; none where they share cores)."""
+
+    def __init__(self, gateway_cpus: list[int] | None, num_replica_processes: int, workers: int):
+        self.gateway_cpus = gateway_cpus
+        _, replica_cpus, client_cpus = placement(num_replica_processes, workers)
+        self.roles: dict[str, set[int]] = {}
+        if replica_cpus is not None and client_cpus is not None:
+            self.roles = {"replicas": set(replica_cpus), "client": client_cpus}
 
 
 def cpu_columns(used: list[float], num_requests: int, duration_s: float) -> dict:
@@ -186,13 +215,14 @@ def measure(args: argparse.Namespace) -> list[dict]:
     rows: list[dict] = []
     fleet = pinned_fleet(args.replicas, args.sim_processes, max(counts), args.replicas_from)
     with fleet as (urls, gateway_cpus):
+        rig = Rig(gateway_cpus, args.sim_processes, max(counts))
         for round_no in range(args.rounds):
             for workers in counts if round_no % 2 == 0 else counts[::-1]:
                 for kind in args.kinds if round_no % 2 == 0 else args.kinds[::-1]:
                     if kind == "rayfleet" and not args.independent:
-                        result = one_round(urls, workers, gateway_cpus, args)
+                        result = one_round(urls, workers, rig, args)
                     else:
-                        result = independent_round(urls, workers, gateway_cpus, args, kind)
+                        result = independent_round(urls, workers, rig, args, kind)
                     row = {"round": round_no, **result}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -204,7 +234,8 @@ def print_table(rows: list[dict]) -> None:
     in the same round."""
     print(
         f"\n{'kind':>8s} {'N':>2s} {'req/s per round':>32s} {'vs N = 1':>18s} {'mean':>5s} "
-        f"{'scaling':>7s} {'CPU/req':>8s} {'vs N = 1':>8s} {'system':>6s}"
+        f"{'scaling':>7s} {'CPU/req':>8s} {'vs N = 1':>8s} {'system':>6s} "
+        f"{'replicas':>8s} {'client':>6s}"
     )
     rounds = sorted({row["round"] for row in rows})
     for kind in dict.fromkeys(row.get("kind", "rayfleet") for row in rows):
@@ -223,11 +254,22 @@ def print_table(rows: list[dict]) -> None:
             cpu = statistics.mean(mine[r]["gateway_cpu_us_per_request"] for r in mine)
             cpu_ratio = statistics.mean(cpu_ratios) if cpu_ratios else float("nan")
             system = statistics.mean(mine[r]["gateway_system_share"] for r in mine)
+            rig = [_mean_of(mine.values(), f"{role}_cores_busy") for role in ("replicas", "client")]
             print(
                 f"{kind:>8s} {workers:2d} {', '.join(f'{x:,.0f}' for x in rps):>32s} "
                 f"{', '.join(f'{x:.2f}' for x in ratios):>18s} {mean:5.2f} "
-                f"{mean / workers:6.2f}N {cpu:6.0f}us {cpu_ratio:7.2f}x {system:6.0%}"
+                f"{mean / workers:6.2f}N {cpu:6.0f}us {cpu_ratio:7.2f}x {system:6.0%} "
+                f"{_cores(rig[0]):>8s} {_cores(rig[1]):>6s}"
             )
+
+
+def _mean_of(rows: Any, column: str) -> float:
+    values = [row[column] for row in rows if column in row]
+    return statistics.mean(values) if values else float("nan")
+
+
+def _cores(busy: float) -> str:
+    return "-" if math.isnan(busy) else f"{busy:.1f}"
 
 
 def main() -> None:
