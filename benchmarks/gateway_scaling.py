@@ -191,9 +191,8 @@ class Rig:
     and the replicas' and the client's cores whose busy share each row reports
     (``replicas_cores_busy``, ``client_cores_busy``; none where they share cores)."""
 
-    def __init__(self, gateway_cpus: list[int] | None, num_replica_processes: int, workers: int):
-        self.gateway_cpus = gateway_cpus
-        _, replica_cpus, client_cpus = placement(num_replica_processes, workers)
+    def __init__(self, num_replica_processes: int, workers: int):
+        self.gateway_cpus, replica_cpus, client_cpus = placement(num_replica_processes, workers)
         self.roles: dict[str, set[int]] = {}
         if replica_cpus is not None and client_cpus is not None:
             self.roles = {"replicas": set(replica_cpus), "client": client_cpus}
@@ -213,9 +212,9 @@ def cpu_columns(used: list[float], num_requests: int, duration_s: float) -> dict
 def measure(args: argparse.Namespace) -> list[dict]:
     counts = sorted(set(args.workers))
     rows: list[dict] = []
+    rig = Rig(args.sim_processes, max(counts))  # before pinned_fleet pins this process
     fleet = pinned_fleet(args.replicas, args.sim_processes, max(counts), args.replicas_from)
-    with fleet as (urls, gateway_cpus):
-        rig = Rig(gateway_cpus, args.sim_processes, max(counts))
+    with fleet as (urls, _):
         for round_no in range(args.rounds):
             for workers in counts if round_no % 2 == 0 else counts[::-1]:
                 for kind in args.kinds if round_no % 2 == 0 else args.kinds[::-1]:
