@@ -51,6 +51,7 @@ import math
 import multiprocessing as mp
 import statistics
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -262,7 +263,7 @@ def print_table(rows: list[dict]) -> None:
             )
 
 
-def _mean_of(rows: Any, column: str) -> float:
+def _mean_of(rows: Iterable[dict], column: str) -> float:
     values = [row[column] for row in rows if column in row]
     return statistics.mean(values) if values else float("nan")
 
