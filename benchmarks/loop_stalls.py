@@ -10,7 +10,9 @@ Three recorders, each timestamped on the monotonic clock:
 - the garbage collector's passes (``gc.callbacks``): generation and duration;
 - the gateway's reads of its replicas' /metrics (``ReplicaGauges.scrape_once``): start
   and duration of each round.
-A stall that overlaps a collection or a round of reads is put down to it.
+A stall that overlaps a collection or a round of reads is put down to it. (A round's
+reads are spread over the period, so a round spans most of it: "scrape" then says a
+round was under way, not that a read held the loop.)
 """
 
 from __future__ import annotations
@@ -55,10 +57,10 @@ class LoopStalls:
         if gauges is not None:
             scrape = gauges.scrape_once
 
-            async def timed(session: Any) -> None:
+            async def timed(session: Any, **options: Any) -> None:
                 started = time.monotonic()
                 try:
-                    await scrape(session)
+                    await scrape(session, **options)
                 finally:
                     stalls.scrapes.append((started, time.monotonic() - started))
 
