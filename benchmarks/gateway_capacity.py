@@ -22,8 +22,11 @@ straight to one simulated replica (the simulator's own TTFT at the load each of 
 processes carries through the gateway), and then the whole rate through the gateway.
 Printed per rate: achieved req/s, TTFT p50 and p99 direct and through the gateway, p99's
 difference (the goal: under 5 ms at 5,000 req/s per gateway core), and the gateway's
-CPU per request (user + system from psutil, over the run). The saturation rate is the
-first at which the gateway achieves less than 95% of the offered rate.
+CPU per request (user + system from psutil, over the run) and read system calls per
+request (Linux's /proc io counters: a stream read a token at a time would take about 18,
+one whose tokens wait in the socket fewer; the writes are in the JSON rows). The
+saturation rate is the first at which the gateway achieves less than 95% of the offered
+rate.
 
 ``--max-in-flight none,128`` starts one gateway per value of gateway.max_in_flight (none:
 the default) and sends each rate through each of them by turns, the order reversed every
@@ -335,17 +338,22 @@ def closed_loop(
 def measured(
     gateway: GatewayProcess, args: argparse.Namespace, send: Callable[[], RunOutput]
 ) -> dict:
-    """What ``send`` got through ``gateway`` and the gateway CPU it cost."""
-    before = gateway.cpu_s()
+    """What ``send`` got through ``gateway``, the gateway CPU it cost, and the gateway's
+    read and write system calls a request (a token a read would be about 18 of each)."""
+    before, calls_before = gateway.cpu_s(), gateway.syscalls()
     output = send()
     used_s = gateway.cpu_s() - before
+    reads, writes = (b - a for a, b in zip(calls_before, gateway.syscalls(), strict=True))
+    num = max(len(output.results), 1)
     return {
         "workers": args.workers,
         "pool": args.pool or args.workers > 1,
         "access_log": args.access_log,
         "gateway": summary(output),
-        "gateway_cpu_us_per_request": 1e6 * used_s / max(len(output.results), 1),
+        "gateway_cpu_us_per_request": 1e6 * used_s / num,
         "gateway_cpu_share": used_s / output.duration_s,
+        "gateway_reads_per_request": reads / num,
+        "gateway_writes_per_request": writes / num,
     }
 
 
@@ -368,7 +376,8 @@ def print_table(rows: list[dict]) -> None:
         return
     print(
         f"\n{'offered':>8s} {'limit':>6s} {'achieved':>9s} {'refused':>8s} {'TTFT p50':>9s} "
-        f"{'p99':>8s} {'sim p99':>8s} {'p99 extra':>9s} {'CPU/req':>9s} {'gw cores':>8s}"
+        f"{'p99':>8s} {'sim p99':>8s} {'p99 extra':>9s} {'CPU/req':>9s} {'gw cores':>8s} "
+        f"{'reads/req':>9s}"
     )
     saturation: dict[object, float] = {}  # per limit: the first rate under 95% achieved
     for row in rows:
@@ -379,7 +388,8 @@ def print_table(rows: list[dict]) -> None:
             f"{row['rate']:8.0f} {limit:>6} {gw['achieved_rps']:9.0f} "
             f"{gw.get('num_refused', 0):8d} {gw['ttft_p50_ms']:8.2f}m "
             f"{gw['ttft_p99_ms']:7.2f}m {direct['ttft_p99_ms']:7.2f}m {extra:8.2f}m "
-            f"{row['gateway_cpu_us_per_request']:7.0f}us {row['gateway_cpu_share']:7.0%}"
+            f"{row['gateway_cpu_us_per_request']:7.0f}us {row['gateway_cpu_share']:7.0%} "
+            f"{row.get('gateway_reads_per_request', float('nan')):9.1f}"
         )
         if limit not in saturation and gw["achieved_rps"] < 0.95 * row["rate"]:
             saturation[limit] = row["rate"]
