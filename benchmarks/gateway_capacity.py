@@ -52,7 +52,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -74,9 +74,23 @@ ZERO_COST = EngineSpec(
 )
 
 
-def placement(
-    num_sims: int, num_workers: int = 1
-) -> tuple[list[int] | None, list[int] | None, set[int] | None]:
+class Placement(NamedTuple):
+    """A core per gateway process, a core per replica process, the client's cores; Nones
+    where there are not cores enough for each to have its own."""
+
+    gateway: list[int] | None
+    replicas: list[int] | None
+    client: set[int] | None
+
+    def roles(self) -> dict[str, set[int]]:
+        """The replicas' and the client's cores by role (for ``busy_cores``); none where
+        they share cores with the rest."""
+        if self.replicas is None or self.client is None:
+            return {}
+        return {"replicas": set(self.replicas), "client": self.client}
+
+
+def placement(num_sims: int, num_workers: int = 1) -> Placement:
     """(a core per gateway process, a core per simulator process, client cores), or Nones
     when there are not cores enough for each to have its own and the client two.
 
@@ -95,8 +109,8 @@ def placement(
             idle |= thread_siblings(core) & set(cores)
     rest = [core for core in cores if core not in idle]
     if len(gateway) < num_workers or len(rest) < num_sims + 2:
-        return None, None, None
-    return gateway, rest[:num_sims], set(rest[num_sims:])
+        return Placement(None, None, None)
+    return Placement(gateway, rest[:num_sims], set(rest[num_sims:]))
 
 
 def busy_cores(roles: dict[str, set[int]]) -> Callable[[], dict[str, float]]:
@@ -123,6 +137,16 @@ def busy_cores(roles: dict[str, set[int]]) -> Callable[[], dict[str, float]]:
         return {f"{role}_cores_busy": sum(map(share, cores)) for role, cores in roles.items()}
 
     return since
+
+
+def syscall_columns(before: tuple[int, int], after: tuple[int, int], num_requests: int) -> dict:
+    """The gateway's read and write system calls a request, between two readings of
+    ``GatewayProcess.syscalls`` (a stream read a token at a time takes about 18 of each)."""
+    num = max(num_requests, 1)
+    return {
+        "gateway_reads_per_request": (after[0] - before[0]) / num,
+        "gateway_writes_per_request": (after[1] - before[1]) / num,
+    }
 
 
 def thread_siblings(core: int) -> set[int]:
@@ -181,18 +205,19 @@ def summary(output: RunOutput) -> dict[str, float]:
 @contextlib.contextmanager
 def pinned_fleet(
     num_replicas: int, num_sims: int, num_workers: int, kind: str = "sim"
-) -> Iterator[tuple[list[str], list[int] | None]]:
+) -> Iterator[tuple[list[str], Placement]]:
     """Zero-cost simulated replicas (or, with ``kind`` "canned", canned_replica.py's) over
     ``num_sims`` processes, each of them and this process (the client) pinned as
-    ``placement`` says: (the replicas' urls, a core per gateway process or None)."""
-    gateway_cpus, sim_cpus, client_cpus = placement(num_sims, num_workers)
+    ``placement`` says: (the replicas' urls, that placement). Cores are placed before this
+    process is pinned: a placement made after it would see the client's cores only."""
+    where = placement(num_sims, num_workers)
     with replica_processes(kind, num_replicas, num_sims) as fleets:
         for n, fleet in enumerate(fleets):
-            if sim_cpus is not None and fleet.proc is not None:
-                os.sched_setaffinity(fleet.proc.pid, {sim_cpus[n]})
-        if client_cpus is not None:
-            os.sched_setaffinity(0, client_cpus)  # the client's worker processes inherit it
-        yield [url for fleet in fleets for url in fleet.urls], gateway_cpus
+            if where.replicas is not None and fleet.proc is not None:
+                os.sched_setaffinity(fleet.proc.pid, {where.replicas[n]})
+        if where.client is not None:
+            os.sched_setaffinity(0, where.client)  # the client's worker processes inherit it
+        yield [url for fleet in fleets for url in fleet.urls], where
 
 
 @contextlib.contextmanager
@@ -255,7 +280,8 @@ def request_log(stack: contextlib.ExitStack, wanted: bool) -> Path | None:
 def measure(args: argparse.Namespace) -> list[dict]:
     rows = []
     fleet = pinned_fleet(args.replicas, args.sim_processes, args.workers, args.replicas_from)
-    with fleet as (urls, gateway_cpus), contextlib.ExitStack() as stack:
+    with fleet as (urls, where), contextlib.ExitStack() as stack:
+        gateway_cpus = where.gateway
         gateways = {
             limit: stack.enter_context(
                 GatewayProcess(
@@ -343,18 +369,14 @@ def measured(
     before, calls_before = gateway.cpu_s(), gateway.syscalls()
     output = send()
     used_s = gateway.cpu_s() - before
-    reads, writes = (b - a for a, b in zip(calls_before, gateway.syscalls(), strict=True))
-    num = max(len(output.results), 1)
     return {
         "workers": args.workers,
         "pool": args.pool or args.workers > 1,
         "access_log": args.access_log,
         "gateway": summary(output),
-        "gateway_cpu_us_per_request": 1e6 * used_s / num,
+        "gateway_cpu_us_per_request": 1e6 * used_s / max(len(output.results), 1),
         "gateway_cpu_share": used_s / output.duration_s,
-        "gateway_reads_per_request": reads / num,
-        "gateway_writes_per_request": writes / num,
-    }
+    } | syscall_columns(calls_before, gateway.syscalls(), len(output.results))
 
 
 def print_table(rows: list[dict]) -> None:

@@ -60,12 +60,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bare_relay import BareRelayProcess
 from gateway_capacity import (
     MODEL,
+    Placement,
     add_fleet_arguments,
     busy_cores,
     pinned_fleet,
-    placement,
     run,
     summary,
+    syscall_columns,
     write_rows,
 )
 from raw_client import run_raw
@@ -75,9 +76,9 @@ from rayfleet.bench.client import Target
 from rayfleet.bench.drive import RunOutput
 
 
-def one_round(urls: list[str], workers: int, rig: Rig, args: argparse.Namespace) -> dict:
+def one_round(urls: list[str], workers: int, where: Placement, args: argparse.Namespace) -> dict:
     """A fresh gateway of ``workers`` processes, warmed, then driven (``drive``)."""
-    cpus = rig.gateway_cpus
+    cpus = where.gateway
     in_flight = args.in_flight_per_worker * workers
     with GatewayProcess(
         urls,
@@ -91,22 +92,18 @@ def one_round(urls: list[str], workers: int, rig: Rig, args: argparse.Namespace)
         target = Target(gateway.url, "/v1/completions", MODEL)
         run(target, 200, 1, args.client_processes, args.seed)  # connections made, code warm
         before, calls_before = gateway.cpu_times(), gateway.syscalls()
-        rig_busy = busy_cores(rig.roles)
+        rig_busy = busy_cores(where.roles())
         output = drive(target, workers, args.client_processes, args)
         rig_columns = rig_busy()
         used = [b - a for a, b in zip(before, gateway.cpu_times(), strict=True)]
-        calls = [b - a for a, b in zip(calls_before, gateway.syscalls(), strict=True)]
+        calls = syscall_columns(calls_before, gateway.syscalls(), len(output.results))
     result = summary(output)
     if args.rate_per_gateway:
         in_flight = None
-    num = max(len(output.results), 1)
     return (
         {"kind": "rayfleet", "workers": workers, "in_flight": in_flight, **result}
         | cpu_columns(used, len(output.results), output.duration_s)
-        | {
-            "gateway_reads_per_request": calls[0] / num,
-            "gateway_writes_per_request": calls[1] / num,
-        }
+        | calls
         | rig_columns
     )
 
@@ -124,12 +121,12 @@ def drive(target: Target, count: int, processes: int, args: argparse.Namespace) 
 
 
 def independent_round(
-    urls: list[str], count: int, rig: Rig, args: argparse.Namespace, kind: str
+    urls: list[str], count: int, where: Placement, args: argparse.Namespace, kind: str
 ) -> dict:
     """``count`` single-process gateways (``kind`` rayfleet) or bare relays (bare) sharing
     nothing, each driven by its own share of the client processes at the same time: the
     control for one_round."""
-    cpus = rig.gateway_cpus
+    cpus = where.gateway
     with contextlib.ExitStack() as stack:
         gateways: list[GatewayProcess | BareRelayProcess] = [
             stack.enter_context(
@@ -143,7 +140,7 @@ def independent_round(
         for gateway in gateways:
             run(Target(gateway.url, "/v1/completions", MODEL), 200, 1, processes, args.seed)
         before = [gateway.cpu_times() for gateway in gateways]
-        rig_busy = busy_cores(rig.roles)
+        rig_busy = busy_cores(where.roles())
         context = mp.get_context("spawn")
         queue: Any = context.Queue()
         clients = [
@@ -187,18 +184,6 @@ def client_share(url: str, processes: int, args: argparse.Namespace, queue: Any)
     )
 
 
-class Rig:
-    """Where the processes run (gateway_capacity.placement): a core per gateway process,
-    and the replicas' and the client's cores whose busy share each row reports
-    (``replicas_cores_busy``, ``client_cores_busy``; none where they share cores)."""
-
-    def __init__(self, num_replica_processes: int, workers: int):
-        self.gateway_cpus, replica_cpus, client_cpus = placement(num_replica_processes, workers)
-        self.roles: dict[str, set[int]] = {}
-        if replica_cpus is not None and client_cpus is not None:
-            self.roles = {"replicas": set(replica_cpus), "client": client_cpus}
-
-
 def cpu_columns(used: list[float], num_requests: int, duration_s: float) -> dict:
     """Gateway CPU per request and cores busy from (user, system) seconds, and the
     system time's share."""
@@ -213,16 +198,15 @@ def cpu_columns(used: list[float], num_requests: int, duration_s: float) -> dict
 def measure(args: argparse.Namespace) -> list[dict]:
     counts = sorted(set(args.workers))
     rows: list[dict] = []
-    rig = Rig(args.sim_processes, max(counts))  # before pinned_fleet pins this process
     fleet = pinned_fleet(args.replicas, args.sim_processes, max(counts), args.replicas_from)
-    with fleet as (urls, _):
+    with fleet as (urls, where):
         for round_no in range(args.rounds):
             for workers in counts if round_no % 2 == 0 else counts[::-1]:
                 for kind in args.kinds if round_no % 2 == 0 else args.kinds[::-1]:
                     if kind == "rayfleet" and not args.independent:
-                        result = one_round(urls, workers, rig, args)
+                        result = one_round(urls, workers, where, args)
                     else:
-                        result = independent_round(urls, workers, rig, args, kind)
+                        result = independent_round(urls, workers, where, args, kind)
                     row = {"round": round_no, **result}
                     rows.append(row)
                     print(json.dumps(row), flush=True)

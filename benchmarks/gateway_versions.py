@@ -111,8 +111,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
         if args.control:
             versions["control"] = stack.enter_context(copy_of_this_tree())
         fleet = pinned_fleet(args.replicas, args.sim_processes, 1, args.replicas_from)
-        urls, gateway_cpus = stack.enter_context(fleet)
-        cpu = gateway_cpus[0] if gateway_cpus else None
+        urls, where = stack.enter_context(fleet)
+        cpu = where.gateway[0] if where.gateway else None
         names = list(versions)
         for round_no in range(args.rounds):
             turn = round_no % len(names)  # each version takes each place in the order
